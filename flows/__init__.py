@@ -1,0 +1,1 @@
+"""Prefect flows: thin wiring of tasks around the pipetune study engine."""

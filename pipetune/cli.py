@@ -1,0 +1,93 @@
+"""The ``pipetune`` command line.
+
+Each subcommand is a ``_add_<name>(subparsers)`` function that registers its parser
+and sets ``run`` to a function ``(args) -> int``. Imports of the library (and so of
+torch) happen inside those functions, so ``pipetune --help`` stays fast.
+
+Exit codes: 0 success, 2 a user error (a :class:`~pipetune.errors.PipetuneError`,
+printed as one ``error: ...`` line, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from pipetune.errors import PipetuneError
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+
+
+def _error(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+
+
+# -- validate --------------------------------------------------------------------------
+
+
+def _run_validate(args: argparse.Namespace) -> int:
+    import yaml
+
+    from pipetune.spec import load_spec
+
+    status = EXIT_OK
+    for i, path in enumerate(args.jobs):
+        try:
+            spec = load_spec(path)
+        except PipetuneError as e:
+            _error(f"{path}: {e}")
+            status = EXIT_USAGE
+            continue
+        if i:
+            print("---")
+        print(f"# {path}: valid")
+        print(yaml.safe_dump(spec.to_dict(), sort_keys=False), end="")
+    return status
+
+
+def _add_validate(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "validate",
+        help="check job files and print them resolved",
+        description="Check job files and print each one resolved, defaults filled in. "
+        "Exits 2 if any file is invalid.",
+    )
+    p.add_argument("jobs", nargs="+", metavar="JOB.yaml", help="job spec file(s)")
+    p.set_defaults(run=_run_validate)
+
+
+# -- the parser ------------------------------------------------------------------------
+
+#: Registration functions, one per subcommand, in the order ``--help`` lists them.
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_validate]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pipetune",
+        description="Tune a deep-learning job's hyperparameters and system parameters "
+        "together.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in COMMANDS:
+        add(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except PipetuneError as e:
+        _error(str(e))
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

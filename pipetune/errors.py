@@ -1,0 +1,36 @@
+"""The pipetune error family.
+
+Every error a user can cause derives from :class:`PipetuneError`; the CLI turns
+those into one clear line and exit code 2. Anything else is a bug and keeps its
+traceback.
+"""
+
+from __future__ import annotations
+
+
+class PipetuneError(Exception):
+    """Base of every error pipetune raises on purpose."""
+
+
+class SpecError(PipetuneError):
+    """A job spec (or a value in it) is invalid.
+
+    ``field`` is the dotted path of the offending field, e.g. ``search.trials``.
+    """
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}" if field else message)
+
+
+class SystemConfigError(SpecError):
+    """A system knob value this machine cannot honour, or that is malformed."""
+
+
+class WorkloadError(PipetuneError):
+    """A workload could not be found, built or trained."""
+
+
+class GroundTruthError(PipetuneError):
+    """The ground-truth store is unreadable or was used wrongly."""

@@ -1,0 +1,105 @@
+"""Start and stop a local Prefect API server for one run, on loopback.
+
+This module does not import Prefect: it runs the ``prefect`` command that ships with
+the installed package, in its own process group, and talks HTTP to it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from pipetune.errors import PipetuneError
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def healthy(api_url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return False
+
+
+def prefect_executable() -> str:
+    candidate = Path(sys.executable).with_name("prefect")
+    return str(candidate) if candidate.exists() else "prefect"
+
+
+class LocalPrefectServer:
+    """A ``prefect server start`` child process bound to ``host`` on a free port.
+
+    >>> with LocalPrefectServer(log_path="/tmp/prefect.log") as server:  # doctest: +SKIP
+    ...     os.environ["PREFECT_API_URL"] = server.api_url
+    """
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int | None = None,
+                 log_path: str | Path | None = None, startup_timeout: float = 120.0):
+        self.host = host
+        self.port = port or free_port(host)
+        self.api_url = f"http://{host}:{self.port}/api"
+        self.log_path = Path(log_path) if log_path else None
+        self.startup_timeout = startup_timeout
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> LocalPrefectServer:
+        env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+        env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+        env["PREFECT_SERVER_API_HOST"] = self.host
+        env["PREFECT_SERVER_API_PORT"] = str(self.port)
+        if self.log_path:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its life
+        else:
+            out = subprocess.DEVNULL
+        self.process = subprocess.Popen(
+            [prefect_executable(), "server", "start", "--host", self.host,
+             "--port", str(self.port)],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env, start_new_session=True,
+        )
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise PipetuneError(
+                    f"the local Prefect server exited with code {self.process.returncode}"
+                    + (f"; see {self.log_path}" if self.log_path else "")
+                )
+            if healthy(self.api_url):
+                return self
+            time.sleep(0.25)
+        self.stop()
+        raise PipetuneError(
+            f"the local Prefect server did not become healthy within {self.startup_timeout:.0f} s"
+        )
+
+    def stop(self) -> None:
+        proc, self.process = self.process, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> LocalPrefectServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

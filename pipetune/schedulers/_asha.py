@@ -1,0 +1,95 @@
+"""Asynchronous successive halving (ASHA, Li et al. 2020)."""
+
+from __future__ import annotations
+
+import math
+
+from pipetune.schedulers._base import Decision, Scheduler, _check_int
+
+MODES: tuple[str, ...] = ("max", "min")
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """The ``q`` quantile with linear interpolation between order statistics.
+
+    The same as ``numpy.percentile(values, 100 * q)`` with its default method.
+    """
+    xs = sorted(values)
+    pos = q * (len(xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (pos - lo) * (xs[hi] - xs[lo])
+
+
+class ASHAScheduler(Scheduler):
+    """Stops trials that fall behind at rungs, without waiting for a full cohort.
+
+    Rungs sit at ``min_epochs * reduction_factor**k`` epochs for k = 0, 1, ...,
+    strictly below ``max_epochs`` (see :attr:`rungs`). When a trial reports the epoch
+    of a rung, its value is compared with the values other trials recorded at that
+    rung so far: the cutoff is their ``1 - 1/reduction_factor`` quantile (linear
+    interpolation), the rule Ray Tune's ``AsyncHyperBandScheduler`` uses. The trial is
+    stopped if it scores worse than the cutoff (``mode`` says which way is better);
+    otherwise it continues. Either way its value is recorded at the rung. The first
+    trial to reach a rung has nothing to compare with and continues. A value that is
+    NaN or infinite stops the trial and is not recorded.
+
+    Reporting the same rung twice for a trial (a retried epoch) re-decides against
+    the other trials' values and replaces the trial's record.
+
+    >>> asha = ASHAScheduler(min_epochs=1, max_epochs=4, reduction_factor=2)
+    >>> asha.rungs
+    (1, 2)
+    >>> [asha.on_epoch_result(t, 1, v).value for t, v in enumerate([0.5, 0.4, 0.6])]
+    ['continue', 'stop', 'continue']
+    """
+
+    def __init__(
+        self,
+        min_epochs: int = 1,
+        max_epochs: int = 10,
+        reduction_factor: int = 2,
+        mode: str = "max",
+    ) -> None:
+        super().__init__(max_epochs)
+        _check_int("min_epochs", min_epochs, 1)
+        if min_epochs > max_epochs:
+            raise ValueError(f"min_epochs must be <= max_epochs ({max_epochs}), got {min_epochs}")
+        _check_int("reduction_factor", reduction_factor, 2)
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self.min_epochs = min_epochs
+        self.reduction_factor = reduction_factor
+        self.mode = mode
+        rungs = []
+        epoch = min_epochs
+        while epoch < max_epochs:
+            rungs.append(epoch)
+            epoch *= reduction_factor
+        self._rungs = tuple(rungs)
+        # rung epoch -> trial_id -> value, oriented so that larger is better
+        self._records: dict[int, dict[int, float]] = {r: {} for r in self._rungs}
+
+    @property
+    def rungs(self) -> tuple[int, ...]:
+        """Epochs at which trials are compared, ascending."""
+        return self._rungs
+
+    def recorded(self, rung: int) -> dict[int, float]:
+        """Values recorded at ``rung`` so far: ``trial_id -> value`` as reported."""
+        sign = 1.0 if self.mode == "max" else -1.0
+        return {t: sign * v for t, v in self._records[rung].items()}
+
+    def _decide(self, trial_id: int, epoch: int, value: float) -> Decision:
+        records = self._records.get(epoch)
+        if records is None:
+            return Decision.CONTINUE
+        if not math.isfinite(value):
+            records.pop(trial_id, None)
+            return Decision.STOP
+        score = value if self.mode == "max" else -value
+        others = [v for t, v in records.items() if t != trial_id]
+        records[trial_id] = score
+        if others and score < _quantile(others, 1.0 - 1.0 / self.reduction_factor):
+            return Decision.STOP
+        return Decision.CONTINUE

@@ -1,0 +1,424 @@
+"""The study engine: the PipeTune loop as plain state, driven by any executor.
+
+The engine owns the bookkeeping of a study; the *executor* (the Prefect flow on
+Dask, or :func:`run_study_locally`) owns the loop::
+
+    study = Study(spec, study_id="s1", checkpoints=CheckpointStore(root), ground_truth=gt)
+    while not study.done:
+        for task in study.launchable():          # epoch tasks that fit the free cores
+            submit(task)
+        result = wait_for_any()
+        if study.on_epoch_done(result) is Decision.CONTINUE:
+            if study.needs_lookup(result.trial_id):
+                study.set_match(result.trial_id, study.lookup(result.trial_id))
+            study.apply_decision(result.trial_id, study.decide(result.trial_id))
+
+Searcher, scheduler and system tuner are policies consulted here; they never train,
+submit or log. The engine writes the ground truth (a store, not a log) when the tuner
+says which config to record.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pipetune.runner import EpochResult, EpochTask
+from pipetune.schedulers import Decision, make_scheduler
+from pipetune.searchers import TrialState, make_searcher
+from pipetune.system.config import MachineInfo, SystemConfig
+from pipetune.tuner import (
+    EpochObservation,
+    GroundTruthMatch,
+    Phase,
+    SystemTuner,
+    TuningDecision,
+)
+
+if TYPE_CHECKING:
+    from pipetune.checkpoints import CheckpointStore
+    from pipetune.groundtruth import GroundTruth
+    from pipetune.spec import JobSpec
+
+
+@dataclass
+class Trial:
+    """A hyperparameter trial and everything observed of it so far."""
+
+    trial_id: int
+    params: dict[str, Any]
+    seed: int
+    state: str = "running"  # running, or a TrialState value once ended
+    results: list[EpochResult] = field(default_factory=list)
+    history: list[EpochObservation] = field(default_factory=list)
+    match: GroundTruthMatch | None = None
+    decisions: list[TuningDecision] = field(default_factory=list)
+    recorded: SystemConfig | None = None
+    error: str | None = None
+
+    @property
+    def epochs_run(self) -> int:
+        return len(self.results)
+
+    @property
+    def probe_epochs(self) -> int:
+        return sum(1 for r in self.results if r.phase is Phase.PROBE)
+
+    @property
+    def checkpoint(self) -> str | None:
+        return self.results[-1].checkpoint if self.results else None
+
+    def last_value(self, metric: str) -> float | None:
+        return self.results[-1].metrics.get(metric) if self.results else None
+
+    @property
+    def final_system(self) -> SystemConfig | None:
+        return self.results[-1].system if self.results else None
+
+
+@dataclass(frozen=True)
+class StudySummary:
+    """The headline numbers of a finished (or running) study."""
+
+    trials: int
+    completed: int
+    stopped: int
+    failed: int
+    epochs_run: int
+    probe_epochs: int
+    groundtruth_hits: int
+    groundtruth_lookups: int
+    best_trial: int | None
+    best_value: float | None
+    best_params: dict[str, Any] | None
+    best_system: SystemConfig | None
+    energy_j: float
+    energy_source: str
+    compute_s: float
+
+    def to_metrics(self) -> dict[str, float]:
+        out = {
+            "trials": self.trials,
+            "trials_completed": self.completed,
+            "trials_stopped": self.stopped,
+            "trials_failed": self.failed,
+            "epochs_run": self.epochs_run,
+            "probe_epochs": self.probe_epochs,
+            "groundtruth_hits": self.groundtruth_hits,
+            "groundtruth_lookups": self.groundtruth_lookups,
+            "energy_j": self.energy_j,
+            "epoch_compute_s": self.compute_s,
+        }
+        if self.best_value is not None:
+            out["best_value"] = self.best_value
+            out["best_trial"] = self.best_trial
+        return {k: float(v) for k, v in out.items()}
+
+
+class Study:
+    """Bookkeeping of one tuning study over a :class:`~pipetune.spec.JobSpec`.
+
+    ``core_budget`` is how many cores the executor offers at once (the machine's for
+    the embedded cluster); an epoch task is only launchable when its system config's
+    ``cores`` fit in what in-flight tasks leave free.
+    """
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        *,
+        study_id: str,
+        checkpoints: CheckpointStore,
+        ground_truth: GroundTruth | None = None,
+        core_budget: int | None = None,
+        machine: MachineInfo | None = None,
+    ):
+        self.spec = spec
+        self.study_id = study_id
+        self.checkpoints = checkpoints
+        self.ground_truth = ground_truth
+        machine = machine or MachineInfo.detect()
+        self.core_budget = core_budget or machine.cores
+        self.metric = spec.objective.metric
+        self.mode = spec.objective.mode
+        self.objective = spec.objective.system
+        self.searcher = make_searcher(
+            spec.search.algorithm,
+            spec.hyperparameters,
+            mode=self.mode,
+            seed=spec.search.seed,
+            grid_points=spec.search.grid_points,
+        )
+        self.scheduler = make_scheduler(spec.early_stopping, self.mode)
+        self.tuner = SystemTuner(
+            spec.system.default,
+            spec.system.space,
+            enabled=spec.pipetune.enabled,
+            plan=spec.pipetune.probe_plan,
+            max_probes=spec.pipetune.max_probes,
+            machine=machine,
+        )
+        self.trials: dict[int, Trial] = {}
+        self._queue: deque[EpochTask] = deque()
+        self._in_flight: dict[tuple[int, int], EpochTask] = {}
+        self._searcher_exhausted = False
+
+    # -- what to run ----------------------------------------------------------------
+    @property
+    def max_epochs(self) -> int:
+        return self.spec.early_stopping.max_epochs
+
+    def _active(self) -> int:
+        return sum(1 for t in self.trials.values() if t.state == "running")
+
+    def _free_cores(self) -> int:
+        return self.core_budget - sum(t.system.cores for t in self._in_flight.values())
+
+    def _start_trial(self) -> EpochTask | None:
+        if self._searcher_exhausted or len(self.trials) >= self.spec.search.trials:
+            return None
+        suggestion = self.searcher.ask()
+        if suggestion is None:
+            self._searcher_exhausted = True
+            return None
+        trial = Trial(
+            trial_id=suggestion.trial_id,
+            params=dict(suggestion.params),
+            seed=self.spec.search.seed * 100_003 + suggestion.trial_id,
+        )
+        self.trials[trial.trial_id] = trial
+        decision = self.tuner.next_epoch([], epochs_left=self.max_epochs, match=None)
+        trial.decisions.append(decision)
+        return self._epoch_task(trial, decision)
+
+    def _epoch_task(self, trial: Trial, decision: TuningDecision) -> EpochTask:
+        epoch = trial.epochs_run + 1
+        profiler = self.spec.profiler
+        return EpochTask(
+            study_id=self.study_id,
+            trial_id=trial.trial_id,
+            epoch=epoch,
+            phase=decision.phase,
+            system=decision.system,
+            workload=self.spec.workload.name,
+            workload_params=dict(self.spec.workload.params),
+            hparams=dict(trial.params),
+            seed=trial.seed,
+            checkpoint_in=trial.checkpoint,
+            checkpoint_out=self.checkpoints.ref(self.study_id, trial.trial_id, epoch),
+            op_mix_steps=profiler.op_mix_steps,
+            perf=profiler.perf,
+            watts_per_core=profiler.watts_per_core,
+        )
+
+    def final_task(self, trial: Trial) -> EpochTask:
+        """A task describing the trial's last epoch (to rebuild its model elsewhere)."""
+        last = trial.results[-1]
+        decision = TuningDecision(system=last.system, phase=last.phase, record=None,
+                                  record_cost=None, reason="final")
+        task = self._epoch_task(trial, decision)
+        return EpochTask(**{**task.__dict__, "epoch": last.epoch, "checkpoint_in": last.checkpoint,
+                            "checkpoint_out": last.checkpoint})
+
+    def launchable(self) -> list[EpochTask]:
+        """Epoch tasks to submit now; each is counted in flight until reported back.
+
+        Continuing trials go first (so early stopping sees results sooner), then new
+        trials up to ``search.max_concurrent`` running at once.
+        """
+        out: list[EpochTask] = []
+        free = self._free_cores()
+        waiting: deque[EpochTask] = deque()
+        while self._queue:
+            task = self._queue.popleft()
+            if task.system.cores <= free:
+                free -= task.system.cores
+                out.append(task)
+            else:
+                waiting.append(task)
+        self._queue = waiting
+        while not self._queue and self._active() < self.spec.search.max_concurrent:
+            task = self._start_trial()
+            if task is None:
+                break
+            if task.system.cores > free:
+                self._queue.append(task)
+                break
+            free -= task.system.cores
+            out.append(task)
+        for task in out:
+            self._in_flight[(task.trial_id, task.epoch)] = task
+        return out
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def done(self) -> bool:
+        return (
+            not self._in_flight
+            and not self._queue
+            and self._active() == 0
+            and (self._searcher_exhausted or len(self.trials) >= self.spec.search.trials)
+        )
+
+    # -- what came back -------------------------------------------------------------
+    def on_epoch_done(self, result: EpochResult) -> Decision:
+        """Record a finished epoch; return whether the trial goes on (the scheduler's call)."""
+        self._in_flight.pop((result.trial_id, result.epoch), None)
+        trial = self.trials[result.trial_id]
+        trial.results.append(result)
+        trial.history.append(
+            EpochObservation(
+                epoch=result.epoch,
+                phase=result.phase,
+                system=result.system,
+                cost=result.cost(self.objective),
+            )
+        )
+        value = result.metrics.get(self.metric)
+        if value is None or math.isnan(value):
+            self._end(trial, TrialState.FAILED, error=f"metric {self.metric!r} missing or NaN")
+            return Decision.STOP
+        decision = self.scheduler.on_epoch_result(result.trial_id, result.epoch, value)
+        if decision is Decision.STOP:
+            state = TrialState.COMPLETE if result.epoch >= self.max_epochs else TrialState.STOPPED
+            self._end(trial, state)
+        return decision
+
+    def on_epoch_failed(self, trial_id: int, epoch: int, error: str) -> None:
+        """An epoch raised: the trial fails, the study goes on."""
+        self._in_flight.pop((trial_id, epoch), None)
+        self._end(self.trials[trial_id], TrialState.FAILED, error=error)
+
+    def needs_lookup(self, trial_id: int) -> bool:
+        trial = self.trials[trial_id]
+        return (
+            self.spec.pipetune.enabled
+            and self.ground_truth is not None
+            and trial.match is None
+            and trial.epochs_run == 1
+            and trial.results[0].phase is Phase.PROFILE
+        )
+
+    def lookup(self, trial_id: int) -> GroundTruthMatch:
+        """Look the trial's epoch-1 profile up in the ground truth."""
+        first = self.trials[trial_id].results[0]
+        assert self.ground_truth is not None
+        return self.ground_truth.lookup(
+            first.measurement.profile, first.batch_size, self.objective
+        )
+
+    def set_match(self, trial_id: int, match: GroundTruthMatch) -> None:
+        self.trials[trial_id].match = match
+
+    def decide(self, trial_id: int) -> TuningDecision:
+        """Ask the system tuner for the trial's next epoch config."""
+        trial = self.trials[trial_id]
+        return self.tuner.next_epoch(
+            trial.history, epochs_left=self.max_epochs - trial.epochs_run, match=trial.match
+        )
+
+    def apply_decision(self, trial_id: int, decision: TuningDecision) -> EpochTask:
+        """Queue the trial's next epoch under ``decision``; record the best config if told."""
+        trial = self.trials[trial_id]
+        trial.decisions.append(decision)
+        if decision.record is not None and decision.record_cost is not None:
+            self._record(trial, decision.record, decision.record_cost)
+        task = self._epoch_task(trial, decision)
+        self._queue.append(task)
+        return task
+
+    # -- ending ---------------------------------------------------------------------
+    def _record(self, trial: Trial, config: SystemConfig, cost: float) -> None:
+        if self.ground_truth is None or trial.recorded is not None or not trial.results:
+            return
+        first = trial.results[0]
+        self.ground_truth.record(
+            first.measurement.profile,
+            first.batch_size,
+            self.objective,
+            config,
+            cost,
+            job=self.spec.name,
+            trial=f"{self.study_id}/{trial.trial_id}",
+        )
+        trial.recorded = config
+
+    def _end(self, trial: Trial, state: TrialState, error: str | None = None) -> None:
+        if trial.state != "running":
+            return
+        trial.state = state.value
+        trial.error = error
+        self._queue = deque(t for t in self._queue if t.trial_id != trial.trial_id)
+        if state is not TrialState.FAILED and trial.probe_epochs and trial.recorded is None:
+            # The trial ended right after probing: still remember what the probes showed.
+            best = self.tuner.best_observed(trial.history)
+            if best is not None:
+                self._record(trial, *best)
+        self.searcher.tell(trial.trial_id, trial.last_value(self.metric), state)
+        self.scheduler.on_trial_remove(trial.trial_id)
+
+    # -- reporting ------------------------------------------------------------------
+    def best_trial(self) -> Trial | None:
+        scored = [
+            t for t in self.trials.values()
+            if t.state != TrialState.FAILED.value and t.last_value(self.metric) is not None
+        ]
+        if not scored:
+            return None
+        sign = 1.0 if self.mode == "max" else -1.0
+        return max(scored, key=lambda t: (sign * t.last_value(self.metric), -t.trial_id))
+
+    def summary(self) -> StudySummary:
+        trials = list(self.trials.values())
+        results = [r for t in trials for r in t.results]
+        best = self.best_trial()
+        sources = sorted({r.measurement.energy_source for r in results})
+        lookups = [t.match for t in trials if t.match is not None]
+        return StudySummary(
+            trials=len(trials),
+            completed=sum(t.state == TrialState.COMPLETE.value for t in trials),
+            stopped=sum(t.state == TrialState.STOPPED.value for t in trials),
+            failed=sum(t.state == TrialState.FAILED.value for t in trials),
+            epochs_run=len(results),
+            probe_epochs=sum(t.probe_epochs for t in trials),
+            groundtruth_hits=sum(1 for m in lookups if m.hit),
+            groundtruth_lookups=len(lookups),
+            best_trial=best.trial_id if best else None,
+            best_value=best.last_value(self.metric) if best else None,
+            best_params=dict(best.params) if best else None,
+            best_system=best.final_system if best else None,
+            energy_j=sum(r.measurement.energy_j for r in results),
+            energy_source="+".join(sources) if sources else "none",
+            compute_s=sum(r.measurement.wall_s for r in results),
+        )
+
+
+def run_study_locally(study: Study, run=None) -> Study:
+    """Drive ``study`` to the end in this process, one epoch at a time.
+
+    The reference executor: no Prefect, no Dask. ``run`` defaults to
+    :func:`pipetune.runner.run_epoch`.
+    """
+    from pipetune.runner import run_epoch
+
+    run = run or run_epoch
+    while not study.done:
+        tasks = study.launchable()
+        if not tasks:
+            raise RuntimeError("study is stuck: nothing launchable and nothing in flight")
+        for task in tasks:
+            try:
+                result = run(task)
+            except Exception as exc:  # noqa: BLE001 - a failing trial must not end the study
+                study.on_epoch_failed(task.trial_id, task.epoch, f"{type(exc).__name__}: {exc}")
+                continue
+            if study.on_epoch_done(result) is Decision.CONTINUE:
+                if study.needs_lookup(result.trial_id):
+                    study.set_match(result.trial_id, study.lookup(result.trial_id))
+                study.apply_decision(result.trial_id, study.decide(result.trial_id))
+    return study

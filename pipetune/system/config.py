@@ -1,0 +1,161 @@
+"""The system config: the knobs a trial's training runs under.
+
+A :class:`SystemConfig` is a small frozen value. It travels to Dask workers, is
+logged as metrics, and is the unit the system tuner chooses between.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pipetune.errors import SystemConfigError
+
+Precision = Literal["fp32", "bf16", "fp16"]
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+DEVICES: tuple[str, ...] = ("cpu", "cuda")
+
+#: Knobs that only mean something on a CUDA device.
+CUDA_KNOBS: tuple[str, ...] = ("precision", "tf32", "cudnn_benchmark", "channels_last")
+
+
+@dataclass(frozen=True)
+class MachineInfo:
+    """What this machine can honour. ``cores`` is the number of usable CPU cores."""
+
+    cores: int
+    cuda_devices: int = 0
+
+    @classmethod
+    def detect(cls) -> MachineInfo:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # pragma: no cover - not Linux
+            cores = os.cpu_count() or 1
+        cuda = 0
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                cuda = torch.cuda.device_count()
+        except Exception:  # noqa: BLE001 - torch missing or broken CUDA: no GPU
+            cuda = 0
+        return cls(cores=cores, cuda_devices=cuda)
+
+
+@dataclass(frozen=True)
+class SystemConfig:
+    """System knobs for one epoch of training.
+
+    ``cores``: CPU cores reserved for the trial; sets torch intra-op threads and is
+    the trial's Dask ``cores`` resource claim.
+    ``interop_threads``: torch inter-op threads.
+    ``dataloader_workers``: worker processes of the training DataLoader.
+    ``device``: ``cpu`` or ``cuda``. The remaining knobs are CUDA-only:
+    autocast ``precision``, ``tf32`` matmuls, ``cudnn_benchmark``, ``channels_last``.
+
+    >>> SystemConfig(cores=2).replace(dataloader_workers=1).label()
+    'cores=2 interop=1 workers=1'
+    """
+
+    cores: int = 1
+    interop_threads: int = 1
+    dataloader_workers: int = 0
+    device: str = "cpu"
+    precision: str = "fp32"
+    tf32: bool = False
+    cudnn_benchmark: bool = False
+    channels_last: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("cores", "interop_threads"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise SystemConfigError(f"system.{name}", f"must be an integer >= 1, got {v!r}")
+        v = self.dataloader_workers
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise SystemConfigError(
+                "system.dataloader_workers", f"must be an integer >= 0, got {v!r}"
+            )
+        if self.device not in DEVICES:
+            raise SystemConfigError("system.device", f"must be one of {DEVICES}, got {self.device!r}")
+        if self.precision not in PRECISIONS:
+            raise SystemConfigError(
+                "system.precision", f"must be one of {PRECISIONS}, got {self.precision!r}"
+            )
+        for name in ("tf32", "cudnn_benchmark", "channels_last"):
+            if not isinstance(getattr(self, name), bool):
+                raise SystemConfigError(f"system.{name}", "must be true or false")
+        if self.device == "cpu":
+            for name in CUDA_KNOBS:
+                if getattr(self, name) != _DEFAULTS[name]:
+                    raise SystemConfigError(
+                        f"system.{name}",
+                        f"is a CUDA knob; it needs device: cuda (got {getattr(self, name)!r} "
+                        f"with device: cpu)",
+                    )
+
+    # -- conversions -------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SystemConfig:
+        unknown = set(data) - set(KNOBS)
+        if unknown:
+            name = sorted(unknown)[0]
+            raise SystemConfigError(f"system.{name}", f"unknown knob; allowed: {', '.join(KNOBS)}")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> SystemConfig:
+        return dataclasses.replace(self, **changes)
+
+    def label(self) -> str:
+        """A short human label, naming only knobs that matter on its device."""
+        parts = [
+            f"cores={self.cores}",
+            f"interop={self.interop_threads}",
+            f"workers={self.dataloader_workers}",
+        ]
+        if self.device == "cuda":
+            parts += [
+                "cuda",
+                self.precision,
+                *(k for k in ("tf32", "cudnn_benchmark", "channels_last") if getattr(self, k)),
+            ]
+        return " ".join(parts)
+
+    def as_metrics(self) -> dict[str, float]:
+        """Every knob as a number, so MLflow can plot it per epoch."""
+        return {
+            "sys_cores": float(self.cores),
+            "sys_interop_threads": float(self.interop_threads),
+            "sys_dataloader_workers": float(self.dataloader_workers),
+            "sys_cuda": 1.0 if self.device == "cuda" else 0.0,
+            "sys_precision_bits": {"fp32": 32.0, "bf16": 16.0, "fp16": 16.0}[self.precision],
+            "sys_tf32": float(self.tf32),
+            "sys_cudnn_benchmark": float(self.cudnn_benchmark),
+            "sys_channels_last": float(self.channels_last),
+        }
+
+    # -- machine checks ----------------------------------------------------------
+    def check_machine(self, machine: MachineInfo | None = None, where: str = "system") -> None:
+        """Reject a config this machine cannot honour, naming the knob."""
+        machine = machine or MachineInfo.detect()
+        if self.cores > machine.cores:
+            raise SystemConfigError(
+                f"{where}.cores",
+                f"{self.cores} cores requested but this machine has {machine.cores}",
+            )
+        if self.device == "cuda" and machine.cuda_devices == 0:
+            raise SystemConfigError(
+                f"{where}.device", "cuda requested but no CUDA device is available here"
+            )
+
+
+KNOBS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(SystemConfig))
+_DEFAULTS: dict[str, Any] = {
+    f.name: f.default for f in dataclasses.fields(SystemConfig) if f.default is not field
+}

@@ -1,0 +1,85 @@
+"""The :class:`Workload` interface: what pipetune needs from a model to tune it."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pipetune.system.config import SystemConfig
+
+#: Called by a workload after every optimiser step (the profiler samples steps with it).
+StepHook = Callable[[], None]
+
+
+@dataclass(frozen=True)
+class TrainStats:
+    """What one training epoch did: mean training loss, samples and steps seen."""
+
+    loss: float
+    samples: int
+    steps: int
+
+
+class Workload(ABC):
+    """A trainable job, plugged in by import path ``package.module:Class``.
+
+    Lifecycle inside one epoch task: ``W(**params)`` -> ``setup(hparams, seed)`` ->
+    ``load(path)`` (after epoch 1) -> ``train_epoch(system)`` -> ``evaluate(system)``
+    -> ``save(path)``. Construction must be cheap to repeat (cache loaded data per
+    process); nothing may be downloaded.
+
+    ``batch_size`` is known after ``setup`` (it is usually a hyperparameter); the
+    ground truth buckets configs by it.
+    """
+
+    #: Name used in job files for built-ins, e.g. ``lenet5``.
+    name: ClassVar[str] = ""
+    #: Metrics ``evaluate`` returns, the first one being the default objective.
+    metrics: ClassVar[tuple[str, ...]] = ("accuracy", "val_loss")
+
+    def __init__(self, **params: Any) -> None:
+        self.params = dict(params)
+
+    @abstractmethod
+    def setup(self, hparams: Mapping[str, Any], seed: int) -> None:
+        """Build model, optimiser and data loaders' settings from hyperparameters."""
+
+    @property
+    @abstractmethod
+    def batch_size(self) -> int: ...
+
+    @abstractmethod
+    def train_epoch(self, system: SystemConfig, on_step: StepHook | None = None) -> TrainStats:
+        """Train one epoch under ``system`` (loader workers, precision, channels_last).
+
+        Threads are already set by the caller via ``applied_system_config``. Call
+        ``on_step()`` after each optimiser step when given.
+        """
+
+    @abstractmethod
+    def evaluate(self, system: SystemConfig) -> dict[str, float]:
+        """Metrics on the held-out split; keys include every name in ``metrics``."""
+
+    @abstractmethod
+    def predict(self) -> Any:
+        """Model outputs (logits tensor) on the held-out split, in a fixed order."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Model, optimiser and RNG state; loadable by ``torch.load(weights_only=True)``."""
+
+    @abstractmethod
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+    def save(self, path: str | Path) -> None:
+        import torch
+
+        torch.save(self.state_dict(), path)
+
+    def load(self, path: str | Path) -> None:
+        import torch
+
+        self.load_state_dict(torch.load(path, weights_only=True))
