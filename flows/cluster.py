@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import dask
+
 from prefect_dask import DaskTaskRunner
 
 from pipetune.system.config import MachineInfo
@@ -21,9 +23,12 @@ def embedded_cluster_kwargs(workers: int | None = None) -> dict:
     env = {
         k: os.environ[k]
         for k in ("PREFECT_API_URL", "PREFECT_HOME", "PIPETUNE_HOME", "MLFLOW_DISABLE_TELEMETRY",
-                  "PREFECT_SERVER_ANALYTICS_ENABLED")
+                  "PREFECT_SERVER_ANALYTICS_ENABLED", "DASK_LOGGING__DISTRIBUTED",
+                  "PREFECT_LOGGING_LEVEL")
         if k in os.environ
     }
+    dask.config.set({"distributed.worker.daemon": False})
+    env["DASK_DISTRIBUTED__WORKER__DAEMON"] = "False"
     return {
         "n_workers": max(1, min(workers or cores, cores)),
         "threads_per_worker": 1,
@@ -36,7 +41,12 @@ def embedded_cluster_kwargs(workers: int | None = None) -> dict:
 
 
 def task_runner(dask_address: str | None = None, workers: int | None = None) -> DaskTaskRunner:
-    """Connect to ``dask_address`` if given, else start an embedded LocalCluster."""
+    """Connect to ``dask_address`` if given, else start an embedded LocalCluster.
+
+    Embedded workers are not daemonic, so an epoch may start DataLoader worker
+    processes (the ``dataloader_workers`` knob). On an existing cluster, start the
+    workers with ``DASK_DISTRIBUTED__WORKER__DAEMON=False`` for the same reason.
+    """
     if dask_address:
         return DaskTaskRunner(address=dask_address)
     return DaskTaskRunner(

@@ -89,12 +89,13 @@ def study_flow(
             future = next(as_completed(list(running)))
             task = running.pop(future)
             finished[task.checkpoint_out] = future
+            future.wait()  # settles the future's final state from Dask, not the API
             state = future.state
             trial = study.trials[task.trial_id]
             if not state.is_completed():
-                study.on_epoch_failed(task.trial_id, task.epoch, state.message or state.name)
-                logger.warning("trial %s failed in epoch %s: %s", task.trial_id, task.epoch,
-                               state.message)
+                error = _describe_failure(state)
+                study.on_epoch_failed(task.trial_id, task.epoch, error)
+                logger.warning("trial %s failed in epoch %s: %s", task.trial_id, task.epoch, error)
                 tracker.end_trial(trial, metric=study.metric, objective=study.objective)
                 continue
             result = future.result()
@@ -125,6 +126,7 @@ def study_flow(
     summary = study.summary()
     return {
         "study_id": study_id,
+        "flow_run_id": str(flow_run.id or ""),
         "parent_run_id": tracker.parent_run_id,
         "tracking_uri": tracking_uri,
         "experiment_id": tracker.experiment_id,
@@ -141,6 +143,13 @@ def study_flow(
             for t in sorted(study.trials.values(), key=lambda t: t.trial_id)
         ],
     }
+
+
+def _describe_failure(state: Any) -> str:
+    outcome = state.result(raise_on_failure=False)
+    if isinstance(outcome, BaseException):
+        return f"{type(outcome).__name__}: {outcome}"
+    return state.message or state.name
 
 
 def _evaluate_best(study: Study) -> dict[str, float]:

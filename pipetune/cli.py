@@ -43,7 +43,7 @@ def _run_validate(args: argparse.Namespace) -> int:
         if i:
             print("---")
         print(f"# {path}: valid")
-        print(yaml.safe_dump(spec.to_dict(), sort_keys=False), end="")
+        print(yaml.safe_dump(spec.to_dict(), sort_keys=False, default_flow_style=None), end="")
     return status
 
 
@@ -61,14 +61,23 @@ def _add_validate(subparsers: argparse._SubParsersAction) -> None:
 # -- the parser ------------------------------------------------------------------------
 
 #: Registration functions, one per subcommand, in the order ``--help`` lists them.
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_validate]
+def _add_orchestration(subparsers: argparse._SubParsersAction) -> None:
+    from pipetune.cli_tune import _add_groundtruth, _add_tune, _add_ui
+
+    for add in (_add_tune, _add_ui, _add_groundtruth):
+        add(subparsers)
+
+
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_validate,
+    _add_orchestration,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pipetune",
-        description="Tune a deep-learning job's hyperparameters and system parameters "
-        "together.",
+        description="Tune a deep-learning job's hyperparameters and system parameters together.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in COMMANDS:

@@ -60,6 +60,11 @@ class EpochResult:
     finished: float
     worker: str
     notes: list[str] = field(default_factory=list)
+    #: Seconds spent in the worker around the training itself: building the workload
+    #: and loading its checkpoint, evaluating, saving the next checkpoint.
+    setup_s: float = 0.0
+    eval_s: float = 0.0
+    checkpoint_s: float = 0.0
 
     def cost(self, objective: str) -> float:
         return self.measurement.cost(objective)
@@ -83,12 +88,17 @@ def run_epoch(task: EpochTask) -> EpochResult:
         watts_per_core=task.watts_per_core,
         device=task.system.device,
     )
+    setup_done = time.time()
     with applied_system_config(task.system) as applied:
         stats, measurement = profiler.measure(
             lambda hook: workload.train_epoch(task.system, on_step=hook)
         )
+        eval_start = time.time()
         metrics = workload.evaluate(task.system)
+        eval_s = time.time() - eval_start
+    save_start = time.time()
     CheckpointStore.save(workload, task.checkpoint_out)
+    checkpoint_s = time.time() - save_start
     return EpochResult(
         trial_id=task.trial_id,
         epoch=task.epoch,
@@ -103,6 +113,9 @@ def run_epoch(task: EpochTask) -> EpochResult:
         finished=time.time(),
         worker=f"{socket.gethostname()}:{os.getpid()}",
         notes=list(applied.notes),
+        setup_s=setup_done - started,
+        eval_s=eval_s,
+        checkpoint_s=checkpoint_s,
     )
 
 

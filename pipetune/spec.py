@@ -14,7 +14,6 @@ Checks that need the world: the workload name must resolve (and its ``metrics`` 
 from __future__ import annotations
 
 import functools
-import inspect
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -115,16 +114,15 @@ class SystemSpec(_Section):
     """``default``: the config epoch 1 runs under; ``space``: candidates per knob.
 
     A candidate is the default with one knob changed, so each value must make a
-    valid config in that position and fit this machine.
+    valid config in that position. Whether they fit the machine is
+    :meth:`check_machine`, which :class:`JobSpec` validation calls.
     """
 
     default: SystemConfigField = Field(default_factory=SystemConfig)
     space: dict[str, list[Any]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _fits_machine(self, info: ValidationInfo) -> SystemSpec:
-        machine = (info.context or {}).get("machine") or _this_machine()
-        self.default.check_machine(machine, where="system.default")
+    def _valid_candidates(self) -> SystemSpec:
         for knob, values in self.space.items():
             where = f"system.space.{knob}"
             if knob not in KNOBS:
@@ -135,14 +133,22 @@ class SystemSpec(_Section):
                 if any(type(v) is type(w) and v == w for w in values[:i]):
                     raise SpecError(where, f"lists {v!r} twice")
                 try:
-                    candidate = self.default.replace(**{knob: v})
-                except SystemConfigError as e:
-                    raise SystemConfigError(where, e.message) from None
-                try:
-                    candidate.check_machine(machine, where="system.space")
+                    self.default.replace(**{knob: v})
                 except SystemConfigError as e:
                     raise SystemConfigError(where, e.message) from None
         return self
+
+    def check_machine(self, machine: MachineInfo | None = None) -> None:
+        """Reject a default or candidate config ``machine`` (default: this one) cannot
+        honour, naming ``system.default.<knob>`` or ``system.space.<knob>``."""
+        machine = machine or _this_machine()
+        self.default.check_machine(machine, where="system.default")
+        for knob, configs in self.candidates().items():
+            for config in configs:
+                try:
+                    config.check_machine(machine, where="system.space")
+                except SystemConfigError as e:
+                    raise SystemConfigError(f"system.space.{knob}", e.message) from None
 
     def candidates(self) -> dict[str, list[SystemConfig]]:
         """Per knob, the default with that knob set to each listed value."""
@@ -231,10 +237,12 @@ class JobSpec(_Section):
 
     @model_validator(mode="wrap")
     @classmethod
-    def _check_workload(cls, data: Any, handler: Any) -> JobSpec:
+    def _check_world(cls, data: Any, handler: Any, info: ValidationInfo) -> JobSpec:
+        # The shape is checked first, so a typo is reported before torch is imported.
         spec = handler(data)
+        spec.system.check_machine((info.context or {}).get("machine"))
         workload_cls = spec.workload.resolve()
-        _check_params(workload_cls, spec.workload.params)
+        _check_workload_params(workload_cls, spec)
         metrics = tuple(getattr(workload_cls, "metrics", ()))
         metric = spec.objective.metric
         if metric is None:
@@ -282,29 +290,25 @@ class JobSpec(_Section):
         return JobSpec.from_dict(data, machine=machine)
 
 
-def _check_params(workload_cls: type, params: Mapping[str, Any]) -> None:
-    """Reject params the workload's constructor cannot take (unless it takes ``**kw``)."""
+def _check_workload_params(workload_cls: type, spec: JobSpec) -> None:
+    """Build the workload once (construction is cheap by contract and checks its params)
+    and, where the class lists its hyperparameters, check the space's names."""
     try:
-        sig = inspect.signature(workload_cls)
-    except (TypeError, ValueError):  # pragma: no cover - builtin or C class
-        return
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
-        return
-    accepted = [
-        n
-        for n, p in sig.parameters.items()
-        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    ]
-    for name in params:
-        if name not in accepted:
-            raise SpecError(
-                f"workload.params.{name}",
-                f"not a parameter of {workload_cls.__name__}; allowed: {', '.join(accepted)}",
-            )
-    try:
-        sig.bind(**params)
+        workload_cls(**spec.workload.params)
+    except SpecError:
+        raise
+    except WorkloadError as e:
+        raise SpecError("workload.params", str(e)) from None
     except TypeError as e:
         raise SpecError("workload.params", f"{e} ({workload_cls.__name__})") from None
+    known = getattr(workload_cls, "hparam_specs", None)
+    if isinstance(known, Mapping) and known:
+        for name in spec.hyperparameters:
+            if name not in known:
+                raise SpecError(
+                    f"hyperparameters.{name}",
+                    f"not a hyperparameter of {spec.workload.name}; allowed: {', '.join(known)}",
+                )
 
 
 # -- errors ----------------------------------------------------------------------------
@@ -348,7 +352,8 @@ def _describe(error: Mapping[str, Any], root: type[BaseModel]) -> str:
     if kind == "literal_error":
         return f"must be one of {ctx.get('expected')}{got}"
     if kind == "string_pattern_mismatch":
-        return f"must match {ctx.get('pattern')}{got}"
+        pattern = str(ctx.get("pattern", "")).removeprefix("^").removesuffix("$")
+        return f"must match the pattern {pattern}{got}"
     if kind == "string_too_short":
         return f"must not be empty{got}"
     words = {

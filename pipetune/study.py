@@ -21,6 +21,7 @@ says which config to record.
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -164,6 +165,9 @@ class Study:
         self._queue: deque[EpochTask] = deque()
         self._in_flight: dict[tuple[int, int], EpochTask] = {}
         self._searcher_exhausted = False
+        #: (trial, epoch) -> [handed out, reported back] wall-clock times, for the
+        #: orchestration-overhead figures (what happens around an epoch's own work).
+        self.epoch_times: dict[tuple[int, int], list[float]] = {}
 
     # -- what to run ----------------------------------------------------------------
     @property
@@ -248,8 +252,10 @@ class Study:
                 break
             free -= task.system.cores
             out.append(task)
+        now = time.time()
         for task in out:
             self._in_flight[(task.trial_id, task.epoch)] = task
+            self.epoch_times[(task.trial_id, task.epoch)] = [now, math.nan]
         return out
 
     @property
@@ -269,6 +275,8 @@ class Study:
     def on_epoch_done(self, result: EpochResult) -> Decision:
         """Record a finished epoch; return whether the trial goes on (the scheduler's call)."""
         self._in_flight.pop((result.trial_id, result.epoch), None)
+        if (result.trial_id, result.epoch) in self.epoch_times:
+            self.epoch_times[(result.trial_id, result.epoch)][1] = time.time()
         trial = self.trials[result.trial_id]
         trial.results.append(result)
         trial.history.append(
@@ -422,3 +430,31 @@ def run_study_locally(study: Study, run=None) -> Study:
                     study.set_match(result.trial_id, study.lookup(result.trial_id))
                 study.apply_decision(result.trial_id, study.decide(result.trial_id))
     return study
+
+
+def orchestration_overhead(study: Study) -> list[dict[str, float]]:
+    """Per epoch: where the time around its own compute went.
+
+    ``round_trip_s``: handed to the executor -> result back in the loop, minus the
+    time the worker spent on the epoch (task submission, scheduling, state updates,
+    result transfer). ``worker_extra_s``: workload rebuild + checkpoint load and save.
+    ``loop_gap_s``: result back -> the trial's next epoch handed out (ground-truth
+    lookup, tuning decision, tracking). ``compute_s``: training + evaluation.
+    """
+    rows = []
+    for trial in study.trials.values():
+        for i, r in enumerate(trial.results):
+            handed, back = study.epoch_times.get((r.trial_id, r.epoch), (math.nan, math.nan))
+            nxt = study.epoch_times.get((r.trial_id, r.epoch + 1))
+            worker_s = r.finished - r.started
+            rows.append({
+                "trial": r.trial_id,
+                "epoch": r.epoch,
+                "compute_s": r.measurement.wall_s + r.eval_s,
+                "round_trip_s": (back - handed) - worker_s,
+                "worker_extra_s": r.setup_s + r.checkpoint_s,
+                "loop_gap_s": (nxt[0] - back) if nxt and i + 1 < len(trial.results) else 0.0,
+            })
+    for row in rows:
+        row["overhead_s"] = row["round_trip_s"] + row["worker_extra_s"] + row["loop_gap_s"]
+    return rows

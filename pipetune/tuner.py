@@ -177,20 +177,20 @@ class SystemTuner:
         if not isinstance(default, SystemConfig):
             raise TypeError(f"default must be a SystemConfig, got {type(default).__name__}")
         if plan not in PLANS:
-            raise SpecError("system.plan", f"must be one of {PLANS}, got {plan!r}")
+            raise SpecError("pipetune.probe_plan", f"must be one of {PLANS}, got {plan!r}")
         if max_probes is not None and (
             not isinstance(max_probes, int) or isinstance(max_probes, bool) or max_probes < 0
         ):
-            raise SpecError("system.max_probes", f"must be an integer >= 0, got {max_probes!r}")
+            raise SpecError("pipetune.max_probes", f"must be an integer >= 0, got {max_probes!r}")
         if not (0.0 <= warmup_margin < 1.0):
-            raise SpecError("system.warmup_margin", f"must be in [0, 1), got {warmup_margin!r}")
+            raise SpecError("pipetune.warmup_margin", f"must be in [0, 1), got {warmup_margin!r}")
         self.default = default
         self.enabled = bool(enabled)
         self.plan = plan
         self.max_probes = max_probes
         self.warmup_margin = float(warmup_margin)
         self.machine = machine if machine is not None else MachineInfo.detect()
-        default.check_machine(self.machine, where="system")
+        default.check_machine(self.machine, where="system.default")
         self.space = _normalise_space(space)
         #: Candidates left out of the plan, as ``"knob=value: why"``.
         self.dropped: list[str] = []
@@ -356,9 +356,7 @@ def _normalise_space(space: Mapping[str, Sequence[Any]]) -> dict[str, tuple[Any,
         raise SpecError(SPACE_FIELD, f"must be a mapping of knob -> values, got {space!r}")
     unknown = sorted(set(space) - set(KNOBS))
     if unknown:
-        raise SpecError(
-            f"{SPACE_FIELD}.{unknown[0]}", f"unknown knob; allowed: {', '.join(KNOBS)}"
-        )
+        raise SpecError(f"{SPACE_FIELD}.{unknown[0]}", f"unknown knob; allowed: {', '.join(KNOBS)}")
     out: dict[str, tuple[Any, ...]] = {}
     for knob in KNOBS:
         if knob not in space:

@@ -30,12 +30,18 @@ def make_searcher(
     *,
     mode: str = "max",
     seed: int = 0,
+    grid_points: int = 3,
     **options: Any,
 ) -> Searcher:
     """The searcher named ``algorithm`` over ``space``.
 
-    ``options`` go to the class, e.g. ``grid_points=3`` for ``grid`` or
+    ``grid_points`` (the job's ``search.grid_points``) is used by ``grid`` only, so a
+    caller can pass it whatever the algorithm. Other ``options`` go to the class, e.g.
     ``n_startup_trials=5`` for ``tpe``.
+
+    >>> from pipetune.space import Uniform
+    >>> make_searcher("grid", {"x": Uniform(0.0, 1.0)}, grid_points=2).size
+    2
     """
     try:
         cls = SEARCHERS[algorithm]
@@ -43,6 +49,8 @@ def make_searcher(
         raise SpecError(
             "search.algorithm", f"must be one of {', '.join(SEARCHERS)}, got {algorithm!r}"
         ) from None
+    if cls is GridSearcher:
+        options["grid_points"] = grid_points
     return cls(space, mode=mode, seed=seed, **options)
 
 

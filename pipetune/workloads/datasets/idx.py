@@ -103,7 +103,9 @@ def _read_pair(data_dir: Path, prefix: str) -> tuple[np.ndarray, np.ndarray] | N
         return None
     if images_path is None or labels_path is None:
         missing = "images" if images_path is None else "labels"
-        raise DatasetError(f"{data_dir}: found the {prefix} pair's other file but not its {missing}")
+        raise DatasetError(
+            f"{data_dir}: found the {prefix} pair's other file but not its {missing}"
+        )
     images = read_idx(images_path, IMAGES_MAGIC)
     labels = read_idx(labels_path, LABELS_MAGIC)
     if len(images) != len(labels):

@@ -56,10 +56,14 @@ def read_newsgroups(data_dir: str | Path) -> NewsgroupsData:
     data_dir = Path(data_dir).expanduser()
     train_dir = data_dir / TRAIN_FOLDER
     if not train_dir.is_dir():
-        raise DatasetError(f"{data_dir} has no {TRAIN_FOLDER}/ folder (20 Newsgroups bydate layout)")
+        raise DatasetError(
+            f"{data_dir} has no {TRAIN_FOLDER}/ folder (20 Newsgroups bydate layout)"
+        )
     categories = tuple(sorted(p.name for p in train_dir.iterdir() if p.is_dir()))
     if len(categories) < 2:
-        raise DatasetError(f"{train_dir} needs at least two category folders, found {len(categories)}")
+        raise DatasetError(
+            f"{train_dir} needs at least two category folders, found {len(categories)}"
+        )
     train_texts, train_labels = _read_split(train_dir, categories)
     if not train_texts:
         raise DatasetError(f"{train_dir} holds no message files")
@@ -69,6 +73,8 @@ def read_newsgroups(data_dir: str | Path) -> NewsgroupsData:
     if test_dir.is_dir():
         extra = sorted({p.name for p in test_dir.iterdir() if p.is_dir()} - set(categories))
         if extra:
-            raise DatasetError(f"{test_dir} has categories missing from the training split: {extra}")
+            raise DatasetError(
+                f"{test_dir} has categories missing from the training split: {extra}"
+            )
         test_texts, test_labels = _read_split(test_dir, categories)
     return NewsgroupsData(categories, train_texts, train_labels, test_texts, test_labels)

@@ -1,0 +1,261 @@
+"""``pipetune tune``, ``pipetune ui`` and ``pipetune groundtruth``.
+
+The CLI is the one place in ``pipetune/`` that may reach Prefect, and only lazily:
+``tune`` imports ``flows.study`` after the job file has been validated and the local
+Prefect server (if any) is up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+
+from pathlib import Path
+
+from pipetune.errors import PipetuneError, SpecError
+
+_DASK_ADDRESS = re.compile(r"^(tcp|tls|inproc|ucx)://[^\s:/]+(:\d+)?$")
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    if args.trials is not None and args.trials < 1:
+        raise SpecError("--trials", f"must be an integer >= 1, got {args.trials}")
+    if args.dask_address and not _DASK_ADDRESS.match(args.dask_address):
+        raise SpecError(
+            "--dask-address", f"must look like tcp://HOST:PORT, got {args.dask_address!r}"
+        )
+    if args.tracking_uri and not re.match(r"^(sqlite|file|https?|postgresql|mysql|databricks)",
+                                          args.tracking_uri):
+        raise SpecError(
+            "--tracking-uri",
+            "must be an MLflow tracking URI (sqlite:///path.db, http://host:port, file:///dir, ...)"
+            f", got {args.tracking_uri!r}",
+        )
+
+
+def _quiet_defaults() -> None:
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    from pipetune.home import pipetune_home
+    from pipetune.prefect_server import LocalPrefectServer
+    from pipetune.spec import load_spec
+    from pipetune.tracking import default_tracking_uri, ensure_experiment
+
+    _check_options(args)
+    spec = load_spec(args.job).with_overrides(
+        trials=args.trials, pipetune_enabled=False if args.no_pipetune else None
+    )
+    _quiet_defaults()
+    tracking_uri = args.tracking_uri or default_tracking_uri()
+    core_budget = None
+    if args.dask_address:
+        from flows.cluster import cluster_core_budget
+
+        try:
+            core_budget = cluster_core_budget(args.dask_address)
+        except OSError as exc:
+            raise PipetuneError(f"--dask-address: cannot reach {args.dask_address}: {exc}") from exc
+
+    server = None
+    if not os.environ.get("PREFECT_API_URL"):
+        log = pipetune_home() / "prefect-server.log"
+        print(f"starting a local Prefect server on 127.0.0.1 (log: {log}) ...", file=sys.stderr)
+        server = LocalPrefectServer(log_path=log).start()
+        os.environ["PREFECT_API_URL"] = server.api_url
+    try:
+        ensure_experiment(tracking_uri)  # once, before any fan-out
+        from flows.cluster import task_runner
+        from flows.study import study_flow
+        from pipetune.progress import add_listener, remove_listener
+
+        display = _LiveDisplay(spec.search.trials, spec.objective.metric)
+        add_listener(display.update)
+        try:
+            with display:
+                summary = study_flow.with_options(task_runner=task_runner(args.dask_address))(
+                    job=spec.to_dict(),
+                    tracking_uri=tracking_uri,
+                    checkpoint_root=args.checkpoints,
+                    core_budget=core_budget,
+                )
+        finally:
+            remove_listener(display.update)
+        _print_summary(summary, spec.objective.metric, os.environ["PREFECT_API_URL"], server)
+    finally:
+        if server is not None:
+            server.stop()
+            os.environ.pop("PREFECT_API_URL", None)
+    return 0 if summary.get("trials_failed", 0) < summary.get("trials", 0) else 1
+
+
+class _LiveDisplay:
+    """A live table of trials: epochs, phase, system config, metric, best so far."""
+
+    def __init__(self, trials: int, metric: str):
+        self.trials = trials
+        self.metric = metric
+        self._live = None
+        self._last = 0.0
+
+    def __enter__(self):
+        from rich.console import Console
+        from rich.live import Live
+
+        console = Console(stderr=True)
+        self._live = Live(console=console, refresh_per_second=4, transient=False)
+        self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self._live is not None:
+            self._live.__exit__(*exc)
+
+    def update(self, study) -> None:
+        if self._live is None:
+            return
+        from rich.table import Table
+
+        best = study.best_trial()
+        best_txt = (f"{self.metric}={best.last_value(self.metric):.4f} (trial {best.trial_id})"
+                    if best else "-")
+        table = Table(title=f"{study.spec.name}: {len(study.trials)}/{self.trials} trials, "
+                            f"{study.in_flight} epochs running, best {best_txt}")
+        for col in ("trial", "state", "epochs", "last phase", "system", self.metric):
+            table.add_column(col)
+        for t in sorted(study.trials.values(), key=lambda t: t.trial_id)[-12:]:
+            last = t.results[-1] if t.results else None
+            value = t.last_value(self.metric)
+            table.add_row(
+                str(t.trial_id), t.state, f"{t.epochs_run}/{study.max_epochs}",
+                last.phase.value if last else "-", last.system.label() if last else "-",
+                f"{value:.4f}" if value is not None else "-",
+            )
+        self._live.update(table)
+
+
+def _print_summary(summary: dict, metric: str, api_url: str, server) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title="trials")
+    for col in ("trial", "outcome", "epochs", "probes", metric, "system", "error"):
+        table.add_column(col)
+    for row in summary["trials_table"]:
+        value = row.get(metric)
+        table.add_row(str(row["trial"]), row["outcome"], str(row["epochs"]),
+                      str(row["probe_epochs"]), f"{value:.4f}" if value is not None else "-",
+                      row["system"], row["error"][:60])
+    console.print(table)
+    best = summary.get("best_value")
+    console.print(
+        f"best {metric}: {best:.4f} (trial {int(summary['best_trial'])}) "
+        f"params {summary['best_params']} system [{summary['best_system']}]"
+        if best is not None else "no trial finished"
+    )
+    console.print(
+        f"tuning wall time {summary['tuning_wall_s']:.1f} s | epochs {int(summary['epochs_run'])}"
+        f" | probe epochs {int(summary['probe_epochs'])} | ground-truth hits "
+        f"{int(summary['groundtruth_hits'])}/{int(summary['groundtruth_lookups'])} | energy "
+        f"{summary['energy_j']:.1f} J ({summary['energy_source']})"
+    )
+    console.print(f"MLflow: run {summary['parent_run_id']} in {summary['tracking_uri']}")
+    console.print("  browse it with: pipetune ui"
+                  + ("" if summary["tracking_uri"].startswith("sqlite") else
+                     f" --tracking-uri {summary['tracking_uri']}"))
+    if server is None:
+        console.print(f"Prefect: flow runs at {api_url.removesuffix('/api')}")
+
+
+def _add_tune(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "tune", help="tune a job with PipeTune on Prefect + Dask, recorded in MLflow",
+        description="Tune JOB.yaml. With no PREFECT_API_URL set, a local Prefect server is "
+        "started on 127.0.0.1 for the run; with no --dask-address, a Dask LocalCluster.",
+    )
+    p.add_argument("job", metavar="JOB.yaml")
+    p.add_argument("--trials", type=int, default=None, help="override search.trials")
+    p.add_argument("--dask-address", default=None, help="use an existing Dask scheduler")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI (default: sqlite:///./mlflow.db)")
+    p.add_argument("--checkpoints", default=None,
+                   help="checkpoint folder or fsspec URL (default: $PIPETUNE_HOME/checkpoints)")
+    p.add_argument("--no-pipetune", action="store_true",
+                   help="hyperparameters only: every epoch under the default system config")
+    p.set_defaults(run=run_tune)
+
+
+# -- ui ----------------------------------------------------------------------------------
+
+
+def run_ui(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from pipetune.tracking import default_tracking_uri
+
+    uri = args.tracking_uri or default_tracking_uri()
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+        raise PipetuneError(f"no MLflow store at {uri}: run `pipetune tune JOB.yaml` here first")
+    mlflow_bin = Path(sys.executable).with_name("mlflow")
+    cmd = [str(mlflow_bin if mlflow_bin.exists() else "mlflow"), "ui",
+           "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
+    print(f"MLflow UI on http://{args.host}:{args.port} (store {uri}); Ctrl-C stops it",
+          file=sys.stderr)
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    try:
+        return subprocess.call(cmd, env=env)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _add_ui(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("ui", help="open the MLflow UI on the study store")
+    p.add_argument("--tracking-uri", default=None)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=5000)
+    p.set_defaults(run=run_ui)
+
+
+# -- groundtruth --------------------------------------------------------------------------
+
+
+def run_groundtruth(args: argparse.Namespace) -> int:
+    from pipetune.groundtruth import GroundTruth
+
+    gt = GroundTruth(args.path)
+    if args.action == "list":
+        entries = gt.entries()
+        print(f"ground truth at {gt.path}: {len(gt)} records, {len(entries)} best configs")
+        for c in gt.clusters():
+            print(f"cluster {c['id']}: {c['size']} profiles, radius {c['radius']:.3f}")
+        for e in entries:
+            print(f"  cluster {e.cluster} batch~{e.bucket} {e.objective}: [{e.config.label()}] "
+                  f"cost {e.cost:.3g}/sample, support {e.support}")
+        return 0
+    if not args.yes:
+        answer = input(f"empty the ground truth at {gt.path} ({len(gt)} records)? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("left as it was")
+            return 1
+    removed = gt.clear()
+    print(f"removed {removed} records from {gt.path}")
+    return 0
+
+
+def _add_groundtruth(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("groundtruth", help="list or clear what PipeTune has learned")
+    p.add_argument("action", choices=("list", "clear"))
+    p.add_argument("--path", default=None, help="ground-truth file (default: in $PIPETUNE_HOME)")
+    p.add_argument("--yes", action="store_true", help="clear without asking")
+    p.set_defaults(run=run_groundtruth)
+
+
+

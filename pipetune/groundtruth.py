@@ -1,0 +1,521 @@
+"""The ground truth: the best system config known for each kind of job, shared by studies.
+
+Every trial that probed leaves one record: its epoch-1 profile, batch size, system
+objective, the config it kept and that config's cost per sample. A later trial's
+profile is compared with the records; if it is similar to a cluster of past profiles
+and that cluster knows a config for the trial's batch-size bucket and objective, the
+trial uses it and skips probing.
+
+How similarity is decided (lazily, at lookup; refitted whenever the records changed):
+
+- **Features**: ``Profile.vector(PROFILE_FEATURES)``.
+- **Noise units**: each feature has a floor in :data:`SCALE_FLOORS`, the size of a
+  difference that does not tell jobs apart (run-to-run jitter): 5 points of operator
+  mix, a tenth of a core of CPU use, ~28% of speed, work or memory (0.25 in log units),
+  half of a per-step count (relative to the larger of the two values compared, at least
+  1: context switches and page faults per step are dominated by process warm-up and
+  differ several-fold within one job, so each can add at most 2 units). A **distance**
+  is the root-mean-square over features of the difference divided by the floor, so 1
+  means "one floor per feature on average", whatever the number of features.
+- **Clusters**: scikit-learn ``KMeans`` (``n_init=10``, ``random_state=0``) on the
+  standardised features (``StandardScaler``: mean and population standard deviation over
+  the records), each feature's scale floored at its noise floor so a feature that barely
+  varies across a handful of records (or not at all) does not blow distances up. The
+  number of clusters is the number of *distinct* profiles, capped at ``max_clusters``:
+  walking the records in the order they were stored, a record is distinct when it is
+  farther than ``min_bound`` from every distinct record before it, the distance under
+  which a lookup calls a profile similar to a one-record cluster; so two records that
+  would not be called similar to each other do not share a cluster (until the cap).
+  Cluster ids are ordered by each cluster's oldest record, so they stay put as records
+  are added.
+- **Bound**: a profile is similar to its nearest cluster when its distance to the
+  centroid is at most ``max(min_bound, bound_factor * radius)``, where ``radius`` is the
+  RMS distance of the cluster's members to its centroid (the square root of the
+  cluster's inertia per member: the paper derived its "new job" bound from the k-means
+  inertia the same way). ``min_bound`` gives a one-record cluster, whose radius is 0, a
+  non-zero reach. Similarity is measured in noise units rather than in standard
+  deviations on purpose: the standard deviation over the store grows with every
+  different job recorded, and a bound in those units would let a job halfway between
+  two known ones count as similar to both.
+- **Best config** for (cluster, bucket, objective): the records of that cluster with
+  that batch-size bucket and objective, grouped by config; the config with the lowest
+  median cost wins (ties: more records, then the older). ``support`` is the number of
+  records (trials) that chose that config; ``cost`` its median.
+
+Storage is one JSON file. Writers take an exclusive ``fcntl.flock`` on a sibling
+``.lock`` file, re-read the file, change it and ``os.replace`` a temporary copy over it;
+readers take a shared lock. Concurrent studies neither corrupt the file nor lose records.
+A file that is not valid raises :class:`GroundTruthError` naming it; it is never wiped
+silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import math
+import os
+import statistics
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pipetune.errors import GroundTruthError, SpecError, SystemConfigError
+from pipetune.home import pipetune_home
+from pipetune.profiler.profile import PROFILE_FEATURES, Profile
+from pipetune.system.config import SystemConfig
+from pipetune.tuner import GroundTruthMatch
+
+FORMAT_VERSION = 1
+OBJECTIVES: tuple[str, ...] = ("time", "energy")
+
+_SHARE = (0.05, 0.0)
+_LOG = (0.25, 0.0)
+_COUNT = (1.0, 0.5)
+#: Per feature, ``(absolute, relative)``: its noise floor at value ``v`` is
+#: ``max(absolute, relative * |v|)``. See the module docstring for why.
+SCALE_FLOORS: dict[str, tuple[float, float]] = {
+    "op_conv_share": _SHARE,
+    "op_matmul_share": _SHARE,
+    "op_elementwise_share": _SHARE,
+    "op_data_share": _SHARE,
+    "op_other_share": _SHARE,
+    "cpu_util": (0.1, 0.0),
+    "log_samples_per_s": _LOG,
+    "log_flops_proxy": _LOG,
+    "ctx_switches_per_step": _COUNT,
+    "page_faults_per_step": _COUNT,
+    "log_peak_rss_mb": _LOG,
+}
+#: Floor for a feature missing from :data:`SCALE_FLOORS`.
+DEFAULT_SCALE_FLOOR: tuple[float, float] = (0.1, 0.1)
+
+_KMEANS_N_INIT = 10
+_KMEANS_SEED = 0
+
+
+@dataclass(frozen=True)
+class GroundTruthEntry:
+    """The best known config of one (cluster, batch-size bucket, objective)."""
+
+    cluster: int
+    bucket: int
+    objective: str
+    config: SystemConfig
+    cost: float
+    support: int
+
+
+@dataclass
+class _Fit:
+    """Clusters fitted on one version of the records."""
+
+    key: str
+    names: tuple[str, ...]
+    centroids: Any  # np.ndarray (k, d), feature units
+    sizes: list[int]
+    radius: list[float]
+    bounds: list[float]
+    entries: dict[tuple[int, int, str], GroundTruthEntry]
+
+
+class GroundTruth:
+    """The shared store of best system configs, keyed by job profile and batch size.
+
+    ``path`` defaults to ``pipetune_home() / "groundtruth.json"``. See the module
+    docstring for how ``max_clusters``, ``bound_factor`` and ``min_bound`` are used.
+    """
+
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        *,
+        max_clusters: int = 8,
+        bound_factor: float = 2.0,
+        min_bound: float = 1.0,
+    ) -> None:
+        if not isinstance(max_clusters, int) or isinstance(max_clusters, bool) or max_clusters < 1:
+            raise SpecError(
+                "pipetune.similarity.max_clusters", f"must be an integer >= 1, got {max_clusters!r}"
+            )
+        if not bound_factor >= 0:
+            raise SpecError(
+                "pipetune.similarity.bound_factor", f"must be >= 0, got {bound_factor!r}"
+            )
+        if not min_bound > 0:
+            raise SpecError("pipetune.similarity.min_bound", f"must be > 0, got {min_bound!r}")
+        self.path = (
+            Path(path).expanduser() if path is not None else (pipetune_home() / "groundtruth.json")
+        )
+        self.max_clusters = max_clusters
+        self.bound_factor = float(bound_factor)
+        self.min_bound = float(min_bound)
+        self._fit: _Fit | None = None
+
+    def __repr__(self) -> str:
+        return f"GroundTruth({str(self.path)!r})"
+
+    # -- public API ----------------------------------------------------------------
+    @staticmethod
+    def bucket(batch_size: int) -> int:
+        """The power-of-two bucket of a batch size: the largest power of two <= it.
+
+        >>> [GroundTruth.bucket(b) for b in (1, 32, 48, 63, 64, 100)]
+        [1, 32, 32, 32, 64, 64]
+        """
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise GroundTruthError(f"batch size must be an integer >= 1, got {batch_size!r}")
+        return 1 << (batch_size.bit_length() - 1)
+
+    def lookup(self, profile: Profile, batch_size: int, objective: str) -> GroundTruthMatch:
+        """The best known config for a job with this epoch-1 profile, or why there is none.
+
+        A profile with a non-finite feature cannot be compared and is answered with a
+        miss; a profile that lacks a feature raises :class:`GroundTruthError`.
+        """
+        objective = _check_objective(objective)
+        bucket = self.bucket(batch_size)
+        features = _profile_features(profile)
+        bad = [n for n, v in features.items() if not math.isfinite(v)]
+        if bad:
+            return GroundTruthMatch.miss(f"profile feature {bad[0]} is not finite", bucket=bucket)
+        fit = self._fitted()
+        if fit is None:
+            return GroundTruthMatch.miss("the ground truth has no records yet", bucket=bucket)
+        import numpy as np
+
+        x = np.array([features[n] for n in fit.names])
+        dists = _noise_distance(fit.names, fit.centroids, x)
+        cluster = int(np.argmin(dists))
+        distance = float(dists[cluster])
+        bound = fit.bounds[cluster]
+        where = f"cluster {cluster} at distance {distance:.3g}"
+        near = dict(cluster=cluster, bucket=bucket, distance=distance, bound=bound)
+        if distance > bound:
+            return GroundTruthMatch(
+                hit=False,
+                config=None,
+                cost=None,
+                support=0,
+                **near,
+                reason=f"new job: nearest is {where} > bound {bound:.3g}",
+            )
+        entry = fit.entries.get((cluster, bucket, objective))
+        if entry is None:
+            return GroundTruthMatch(
+                hit=False,
+                config=None,
+                cost=None,
+                support=0,
+                **near,
+                reason=f"similar to {where} <= bound {bound:.3g}, but no config is known "
+                f"there for batch bucket {bucket} and objective {objective}",
+            )
+        return GroundTruthMatch(
+            hit=True,
+            config=entry.config,
+            cost=entry.cost,
+            support=entry.support,
+            **near,
+            reason=f"similar to {where} <= bound {bound:.3g}; bucket {bucket}, {objective}: "
+            f"{entry.config.label()} chosen by {entry.support} trial(s)",
+        )
+
+    def record(
+        self,
+        profile: Profile,
+        batch_size: int,
+        objective: str,
+        config: SystemConfig,
+        cost: float,
+        *,
+        job: str = "",
+        trial: str = "",
+    ) -> None:
+        """Store the config a trial kept, under its epoch-1 profile. Safe across processes."""
+        objective = _check_objective(objective)
+        self.bucket(batch_size)
+        if not isinstance(config, SystemConfig):
+            raise GroundTruthError(f"config must be a SystemConfig, got {type(config).__name__}")
+        cost = float(cost)
+        if not math.isfinite(cost) or cost < 0:
+            raise GroundTruthError(f"cost must be a finite number >= 0, got {cost!r}")
+        features = _profile_features(profile)
+        bad = [n for n, v in features.items() if not math.isfinite(v)]
+        if bad:
+            raise GroundTruthError(f"profile feature {bad[0]} is not finite; not recorded")
+        rec = {
+            "features": features,
+            "batch_size": batch_size,
+            "objective": objective,
+            "config": config.to_dict(),
+            "cost": cost,
+            "job": str(job),
+            "trial": str(trial),
+            "time": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+        self._mutate(lambda records: [*records, rec])
+
+    def entries(self) -> list[GroundTruthEntry]:
+        """Every (cluster, bucket, objective) with its best config, sorted by those keys."""
+        fit = self._fitted()
+        if fit is None:
+            return []
+        return [fit.entries[k] for k in sorted(fit.entries)]
+
+    def clusters(self) -> list[dict[str, Any]]:
+        """The clusters, for display: ``id``, ``size``, ``radius``, ``bound``, ``centroid``
+        (feature -> value in the profile's own units) and ``entries`` (bucket, objective,
+        config, cost, support)."""
+        fit = self._fitted()
+        if fit is None:
+            return []
+        out: list[dict[str, Any]] = []
+        for cid in range(len(fit.sizes)):
+            centroid = fit.centroids[cid]
+            out.append(
+                {
+                    "id": cid,
+                    "size": fit.sizes[cid],
+                    "radius": fit.radius[cid],
+                    "bound": fit.bounds[cid],
+                    "centroid": {n: float(v) for n, v in zip(fit.names, centroid, strict=True)},
+                    "entries": [
+                        {
+                            "bucket": e.bucket,
+                            "objective": e.objective,
+                            "config": e.config.to_dict(),
+                            "cost": e.cost,
+                            "support": e.support,
+                        }
+                        for k, e in sorted(fit.entries.items())
+                        if k[0] == cid
+                    ],
+                }
+            )
+        return out
+
+    def clear(self) -> int:
+        """Remove every record; returns how many there were."""
+        removed = 0
+
+        def wipe(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            nonlocal removed
+            removed = len(records)
+            return []
+
+        if self.path.exists():
+            self._mutate(wipe)
+        self._fit = None
+        return removed
+
+    def __len__(self) -> int:
+        return len(self._read()[0])
+
+    # -- storage -------------------------------------------------------------------
+    @property
+    def lock_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".lock")
+
+    @contextlib.contextmanager
+    def _locked(self, exclusive: bool) -> Iterator[None]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.lock_path, "a") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+    def _read(self) -> tuple[list[dict[str, Any]], bytes]:
+        if not self.path.exists():
+            return [], b""
+        with self._locked(exclusive=False):
+            raw = self._read_raw()
+        return self._parse(raw), raw
+
+    def _read_raw(self) -> bytes:
+        try:
+            return self.path.read_bytes()
+        except FileNotFoundError:
+            return b""
+        except OSError as err:
+            raise GroundTruthError(f"{self.path}: cannot read the ground truth ({err})") from err
+
+    def _parse(self, raw: bytes) -> list[dict[str, Any]]:
+        if not raw.strip():
+            return []
+        try:
+            data = json.loads(raw)
+            if not isinstance(data, dict) or not isinstance(data.get("records"), list):
+                raise ValueError("expected an object with a 'records' list")
+            if data.get("version", FORMAT_VERSION) > FORMAT_VERSION:
+                raise ValueError(f"written by a newer pipetune (format {data['version']})")
+            records = data["records"]
+            for i, rec in enumerate(records):
+                _check_record(rec, i)
+        except (ValueError, TypeError, KeyError, SystemConfigError) as err:
+            raise GroundTruthError(
+                f"{self.path}: not a valid ground-truth file ({err}); "
+                "fix it or move it aside (it was left untouched)"
+            ) from None
+        return records
+
+    def _mutate(self, change: Any) -> None:
+        with self._locked(exclusive=True):
+            records = self._parse(self._read_raw())
+            records = change(records)
+            payload = json.dumps(
+                {"version": FORMAT_VERSION, "records": records}, indent=1, allow_nan=False
+            )
+            fd, tmp = tempfile.mkstemp(
+                dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp"
+            )
+            try:
+                with os.fdopen(fd, "w") as fh:
+                    fh.write(payload)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, self.path)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                raise
+
+    # -- clustering ----------------------------------------------------------------
+    def _fitted(self) -> _Fit | None:
+        records, raw = self._read()
+        key = hashlib.sha1(raw).hexdigest()
+        if self._fit is not None and self._fit.key == key:
+            return self._fit
+        self._fit = self._fit_records(records, key)
+        return self._fit
+
+    def _fit_records(self, records: list[dict[str, Any]], key: str) -> _Fit | None:
+        import numpy as np
+
+        names = PROFILE_FEATURES
+        usable = [r for r in records if all(n in r["features"] for n in names)]
+        if not usable:
+            return None
+        x = np.array([[float(r["features"][n]) for n in names] for r in usable])
+
+        k = min(self.max_clusters, self._distinct(x, names))
+        if k == 1:
+            labels = np.zeros(len(x), dtype=int)
+        else:
+            from sklearn.cluster import KMeans
+
+            mean = x.mean(axis=0)
+            scale = np.maximum(x.std(axis=0), _floors(names, mean))
+            km = KMeans(n_clusters=k, n_init=_KMEANS_N_INIT, random_state=_KMEANS_SEED)
+            labels = km.fit((x - mean) / scale).labels_
+        # Renumber clusters by their oldest record so ids survive a refit.
+        order = list(dict.fromkeys(int(label) for label in labels))
+        labels = np.array([order.index(int(label)) for label in labels])
+
+        centroids, sizes, radius, bounds = [], [], [], []
+        for cid in range(len(order)):
+            members = x[labels == cid]
+            centroid = members.mean(axis=0)
+            r = float(np.sqrt(np.mean(_noise_distance(names, members, centroid) ** 2)))
+            centroids.append(centroid)
+            sizes.append(len(members))
+            radius.append(r)
+            bounds.append(max(self.min_bound, self.bound_factor * r))
+
+        groups: dict[tuple[int, int, str], list[dict[str, Any]]] = {}
+        for rec, cid in zip(usable, labels, strict=True):
+            gkey = (int(cid), self.bucket(rec["batch_size"]), rec["objective"])
+            groups.setdefault(gkey, []).append(rec)
+        entries = {gkey: _best_entry(gkey, recs) for gkey, recs in groups.items()}
+        return _Fit(key, names, np.array(centroids), sizes, radius, bounds, entries)
+
+    def _distinct(self, x: Any, names: tuple[str, ...]) -> int:
+        leaders: list[Any] = []
+        for row in x:
+            if all(_noise_distance(names, lead, row)[0] > self.min_bound for lead in leaders):
+                leaders.append(row)
+        return len(leaders)
+
+
+def _best_entry(gkey: tuple[int, int, str], recs: list[dict[str, Any]]) -> GroundTruthEntry:
+    by_config: dict[str, list[float]] = {}
+    for rec in recs:
+        ckey = json.dumps(rec["config"], sort_keys=True)
+        by_config.setdefault(ckey, []).append(float(rec["cost"]))
+    # Insertion order is record order; min() keeps the first of equals: older wins ties.
+    best = min(by_config, key=lambda c: (statistics.median(by_config[c]), -len(by_config[c])))
+    cluster, bucket, objective = gkey
+    return GroundTruthEntry(
+        cluster=cluster,
+        bucket=bucket,
+        objective=objective,
+        config=SystemConfig.from_dict(json.loads(best)),
+        cost=float(statistics.median(by_config[best])),
+        support=len(by_config[best]),
+    )
+
+
+def _floors(names: tuple[str, ...], at: Any) -> Any:
+    """Each feature's noise floor at the values ``at``."""
+    import numpy as np
+
+    pairs = [SCALE_FLOORS.get(n, DEFAULT_SCALE_FLOOR) for n in names]
+    absolute = np.array([a for a, _ in pairs])
+    relative = np.array([r for _, r in pairs])
+    return np.maximum(absolute, relative * np.abs(at))
+
+
+def _noise_distance(names: tuple[str, ...], points: Any, other: Any) -> Any:
+    """Root-mean-square over features of the difference in noise units, one per row.
+
+    A relative floor is taken at the larger magnitude of the two values, so the distance
+    is symmetric and one count feature adds at most ``1 / relative`` units however far
+    apart its values are (a cold process's first epoch faults in pages a warm one does
+    not, so such counts differ by orders of magnitude within one job).
+    """
+    import numpy as np
+
+    points = np.atleast_2d(points)
+    floors = _floors(names, np.maximum(np.abs(points), np.abs(other)))
+    return np.sqrt(np.mean(((points - other) / floors) ** 2, axis=1))
+
+
+def _profile_features(profile: Profile) -> dict[str, float]:
+    try:
+        vector = profile.vector(PROFILE_FEATURES)
+    except KeyError as err:
+        raise GroundTruthError(f"cannot use this profile: {err.args[0]}") from None
+    return dict(zip(PROFILE_FEATURES, vector, strict=True))
+
+
+def _check_objective(objective: str) -> str:
+    if objective not in OBJECTIVES:
+        raise GroundTruthError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    return objective
+
+
+def _check_record(rec: Any, i: int) -> None:
+    if not isinstance(rec, dict):
+        raise ValueError(f"record {i} is not an object")
+    if not isinstance(rec["features"], dict):
+        raise ValueError(f"record {i}: features is not an object")
+    for name, value in rec["features"].items():
+        if not isinstance(value, int | float):
+            raise ValueError(f"record {i}: feature {name} is not a number")
+    bs = rec["batch_size"]
+    if not isinstance(bs, int) or isinstance(bs, bool) or bs < 1:
+        raise ValueError(f"record {i}: batch_size must be an integer >= 1")
+    if rec["objective"] not in OBJECTIVES:
+        raise ValueError(f"record {i}: objective must be one of {OBJECTIVES}")
+    if not isinstance(rec["cost"], int | float) or isinstance(rec["cost"], bool):
+        raise ValueError(f"record {i}: cost is not a number")
+    if not isinstance(rec["config"], dict):
+        raise ValueError(f"record {i}: config is not an object")
+    SystemConfig.from_dict(rec["config"])

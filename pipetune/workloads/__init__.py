@@ -1,0 +1,99 @@
+"""Workloads: the jobs pipetune tunes. Built-ins by name, anything else by import path.
+
+>>> resolve_workload("lenet5").__name__
+'LeNet5Workload'
+
+This module stays light (no torch at import time): built-in classes are imported
+only when resolved.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any
+
+from pipetune.errors import WorkloadError
+from pipetune.workloads._base import StepHook, TrainStats, Workload
+
+#: Built-in workload names -> import paths of their classes.
+BUILTIN_WORKLOADS: dict[str, str] = {
+    "lenet5": "pipetune.workloads.lenet:LeNet5Workload",
+    "textcnn": "pipetune.workloads.textcnn:TextCNNWorkload",
+    "synthetic": "pipetune.workloads.synthetic:SyntheticWorkload",
+}
+
+_LAZY_CLASSES = {path.rsplit(":", 1)[1]: path for path in BUILTIN_WORKLOADS.values()}
+
+__all__ = [
+    "BUILTIN_WORKLOADS",
+    "LeNet5Workload",
+    "StepHook",
+    "SyntheticWorkload",
+    "TextCNNWorkload",
+    "TrainStats",
+    "Workload",
+    "resolve_workload",
+]
+
+
+def _import_path(path: str, label: str) -> Any:
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr or ":" in attr:
+        raise WorkloadError(
+            f"workload {label!r} is neither a built-in ({', '.join(BUILTIN_WORKLOADS)}) "
+            f"nor an import path of the form package.module:Class"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any failure while importing user code
+        raise WorkloadError(
+            f"workload {label!r}: cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise WorkloadError(
+                f"workload {label!r}: module {module_name!r} has no attribute {attr!r}"
+            ) from None
+    return obj
+
+
+def resolve_workload(name: str) -> type[Workload]:
+    """The :class:`Workload` subclass for a built-in name or a ``package.module:Class`` path.
+
+    Raises :class:`WorkloadError` with a one-line reason: an unknown name (listing the
+    built-ins), a module that fails to import, a missing attribute, or something that
+    is not a concrete Workload subclass.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise WorkloadError(
+            f"workload must be a built-in name ({', '.join(BUILTIN_WORKLOADS)}) or "
+            f"package.module:Class, got {name!r}"
+        )
+    name = name.strip()
+    if name in BUILTIN_WORKLOADS:
+        return _import_path(BUILTIN_WORKLOADS[name], name)
+    if ":" not in name:
+        raise WorkloadError(
+            f"unknown workload {name!r}; built-ins: {', '.join(BUILTIN_WORKLOADS)}, "
+            f"or give an import path package.module:Class"
+        )
+    obj = _import_path(name, name)
+    if not (inspect.isclass(obj) and issubclass(obj, Workload)):
+        raise WorkloadError(
+            f"workload {name!r} is not a subclass of pipetune.workloads.Workload (got {obj!r})"
+        )
+    if inspect.isabstract(obj):
+        missing = ", ".join(sorted(getattr(obj, "__abstractmethods__", ())))
+        raise WorkloadError(f"workload {name!r} is abstract; it does not implement: {missing}")
+    return obj
+
+
+def __getattr__(attr: str) -> Any:
+    # Built-in classes are importable from here without importing torch up front.
+    if attr in _LAZY_CLASSES:
+        return _import_path(_LAZY_CLASSES[attr], attr)
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")

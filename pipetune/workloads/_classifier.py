@@ -1,0 +1,414 @@
+"""What the built-in workloads share: a torch classifier trained by mini-batches.
+
+:class:`TorchClassifierWorkload` implements the whole :class:`Workload` contract
+(hyperparameter checks, the training loop under a :class:`SystemConfig`,
+evaluation, checkpoints); a subclass supplies the data, the model and the
+optimiser.
+
+Reproducibility: all randomness comes from the workload's own generators, never
+from torch's global RNG, so trials sharing a process (Dask worker threads) cannot
+disturb each other. Parameters are initialised and dropout masks drawn from one
+CPU generator seeded with the trial seed (its state is part of the checkpoint);
+each epoch's shuffle uses a generator seeded from (trial seed, epoch number), so
+the batch order does not depend on the number of data-loader workers.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import numbers
+from abc import abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pipetune.errors import SpecError, WorkloadError
+from pipetune.system.apply import autocast_for
+from pipetune.system.config import SystemConfig
+from pipetune.workloads._base import StepHook, TrainStats, Workload
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+@dataclass(frozen=True)
+class ClassifierData:
+    """Tensors of one dataset: inputs and int64 labels of the train and val splits."""
+
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    val_x: torch.Tensor
+    val_y: torch.Tensor
+    num_classes: int
+    #: Anything the model needs to know about the data, e.g. ``vocab_size``.
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HParam:
+    """One hyperparameter: default, type and allowed range (``low`` inclusive unless
+    ``low_open``; ``high`` exclusive)."""
+
+    default: float | int
+    kind: type = float
+    low: float = 0.0
+    low_open: bool = True
+    high: float | None = None
+
+    def coerce(self, field_name: str, value: Any) -> float | int:
+        ok_type = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        if ok_type and self.kind is int:
+            ok_type = float(value).is_integer()
+        if not ok_type:
+            what = "an integer" if self.kind is int else "a number"
+            raise SpecError(field_name, f"must be {what}, got {value!r}")
+        value = self.kind(value)
+        too_low = value <= self.low if self.low_open else value < self.low
+        too_high = self.high is not None and value >= self.high
+        if too_low or too_high or (self.kind is float and not math.isfinite(value)):
+            bounds = f"{'>' if self.low_open else '>='} {self.low:g}"
+            if self.high is not None:
+                bounds += f" and < {self.high:g}"
+            raise SpecError(field_name, f"must be {bounds}, got {value!r}")
+        return value
+
+
+def _mix_seed(seed: int, epoch: int) -> int:
+    return (seed * 1_000_003 + epoch * 7_919 + 17) % (2**63 - 1)
+
+
+def _cpu_copy(obj: Any) -> Any:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().clone(memory_format=torch.contiguous_format)
+    if isinstance(obj, dict):
+        return {k: _cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_cpu_copy(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_cpu_copy(v) for v in obj)
+    return obj
+
+
+def init_parameters(model: nn.Module, generator: torch.Generator) -> None:
+    """Initialise ``model`` from ``generator`` alone, the way torch does by default.
+
+    Conv and linear weights: Kaiming-uniform with ``a=sqrt(5)``, biases uniform in
+    ``+-1/sqrt(fan_in)``; embeddings: standard normal with the padding row zeroed.
+    """
+    import torch
+    from torch import nn
+
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.Linear | nn.Conv1d | nn.Conv2d):
+                nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5), generator=generator)
+                if module.bias is not None:
+                    fan_in = module.weight[0].numel()
+                    bound = 1.0 / math.sqrt(fan_in)
+                    nn.init.uniform_(module.bias, -bound, bound, generator=generator)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, generator=generator)
+                if module.padding_idx is not None:
+                    module.weight[module.padding_idx].zero_()
+
+
+def seeded_dropout(x: torch.Tensor, p: float, generator: torch.Generator | None) -> torch.Tensor:
+    """Inverted dropout whose mask comes from ``generator`` (a CPU generator)."""
+    import torch
+
+    if p <= 0.0:
+        return x
+    keep = torch.rand(x.shape, generator=generator) >= p
+    return x * keep.to(device=x.device, dtype=x.dtype) / (1.0 - p)
+
+
+class TorchClassifierWorkload(Workload):
+    """A :class:`Workload` for a torch classifier; subclasses fill in the hooks.
+
+    Subclasses set ``hparam_specs`` and ``param_defaults`` and implement
+    ``_load_data`` (cached per process), ``_build_model`` and ``_build_optimizer``.
+    Unknown params raise :class:`SpecError` on ``workload.params.<name>``, unknown
+    or out-of-range hyperparameters on ``hyperparameters.<name>``.
+    """
+
+    hparam_specs: ClassVar[dict[str, HParam]] = {}
+    param_defaults: ClassVar[dict[str, Any]] = {}
+    eval_batch_size: ClassVar[int] = 1024
+
+    def __init__(self, **params: Any) -> None:
+        unknown = sorted(set(params) - set(self.param_defaults))
+        if unknown:
+            raise SpecError(
+                f"workload.params.{unknown[0]}",
+                f"unknown parameter of workload {self.name!r}; allowed: "
+                f"{', '.join(self.param_defaults)}",
+            )
+        super().__init__(**params)
+        #: Params with defaults filled in.
+        self.settings: dict[str, Any] = {**self.param_defaults, **params}
+        self._check_params()
+        self.hparams: dict[str, Any] | None = None
+        self._seed = 0
+        self._epoch = 0
+        self._model: nn.Module | None = None
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._rng: torch.Generator | None = None
+        self._scaler_state: dict[str, Any] = {}
+        self._device = "cpu"
+
+    # -- hooks --------------------------------------------------------------------
+    def _check_params(self) -> None:
+        """Validate ``self.settings``; raise :class:`SpecError` on ``workload.params.*``."""
+
+    @abstractmethod
+    def _load_data(self) -> ClassifierData:
+        """The dataset for ``self.settings``, from a per-process cache."""
+
+    @abstractmethod
+    def _build_model(self, data: ClassifierData, hparams: Mapping[str, Any]) -> nn.Module: ...
+
+    @abstractmethod
+    def _build_optimizer(
+        self, model: nn.Module, hparams: Mapping[str, Any]
+    ) -> torch.optim.Optimizer: ...
+
+    def _before_epoch(self, system: SystemConfig, steps: int) -> None:
+        """Called before an epoch's first step, with the number of steps it will take."""
+
+    def _after_step(self) -> None:
+        """Called after every optimiser step, before ``on_step``."""
+
+    # -- helpers ------------------------------------------------------------------
+    def _int_param(self, name: str, minimum: int = 1, optional: bool = True) -> None:
+        value = self.settings[name]
+        if value is None and optional:
+            return
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise SpecError(
+                f"workload.params.{name}", f"must be an integer >= {minimum}, got {value!r}"
+            )
+
+    def _choice_param(self, name: str, allowed: tuple[str, ...]) -> None:
+        if self.settings[name] not in allowed:
+            raise SpecError(
+                f"workload.params.{name}",
+                f"must be one of {', '.join(allowed)}; got {self.settings[name]!r}",
+            )
+
+    @property
+    def data(self) -> ClassifierData:
+        return self._load_data()
+
+    @property
+    def epoch(self) -> int:
+        """Epochs trained so far (restored from a checkpoint by ``load``)."""
+        return self._epoch
+
+    @property
+    def batch_size(self) -> int:
+        if self.hparams is None:
+            raise WorkloadError(f"workload {self.name!r}: batch_size is known only after setup()")
+        return int(self.hparams["batch_size"])
+
+    def _require_setup(self) -> tuple[nn.Module, torch.optim.Optimizer]:
+        if self._model is None or self._optimizer is None:
+            raise WorkloadError(f"workload {self.name!r}: call setup(hparams, seed) first")
+        return self._model, self._optimizer
+
+    # -- Workload -----------------------------------------------------------------
+    def setup(self, hparams: Mapping[str, Any], seed: int) -> None:
+        """Check ``hparams`` (defaults fill the gaps), build model and optimiser from ``seed``."""
+        import torch
+
+        unknown = sorted(set(hparams) - set(self.hparam_specs))
+        if unknown:
+            raise SpecError(
+                f"hyperparameters.{unknown[0]}",
+                f"not a hyperparameter of workload {self.name!r}; allowed: "
+                f"{', '.join(self.hparam_specs)}",
+            )
+        if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
+            raise SpecError("seed", f"must be an integer, got {seed!r}")
+        seed = int(seed)
+        self.hparams = {
+            name: spec.coerce(f"hyperparameters.{name}", hparams.get(name, spec.default))
+            for name, spec in self.hparam_specs.items()
+        }
+        data = self.data
+        self._seed = seed
+        self._epoch = 0
+        self._scaler_state = {}
+        self._rng = torch.Generator().manual_seed(seed % (2**63 - 1))
+        model = self._build_model(data, self.hparams)
+        init_parameters(model, self._rng)
+        self._model = model
+        self._device = "cpu"
+        self._optimizer = self._build_optimizer(model, self.hparams)
+
+    def _place(self, system: SystemConfig) -> torch.device:
+        import torch
+
+        model, optimizer = self._require_setup()
+        if system.device == "cuda" and not torch.cuda.is_available():
+            raise WorkloadError("system.device is cuda but torch sees no CUDA device here")
+        device = torch.device(system.device)
+        fmt = torch.channels_last if system.channels_last else torch.contiguous_format
+        if device.type != self._device:
+            # Moving parameters leaves optimiser state (momentum, Adam moments) behind;
+            # reloading the optimiser's own state dict casts it to the parameters' device.
+            opt_state = optimizer.state_dict()
+            model.to(device=device, memory_format=fmt)
+            optimizer.load_state_dict(opt_state)
+            self._device = device.type
+        else:
+            model.to(memory_format=fmt)
+        return device
+
+    def _loader(self, data: ClassifierData, system: SystemConfig) -> Any:
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        generator = torch.Generator().manual_seed(_mix_seed(self._seed, self._epoch))
+        extra: dict[str, Any] = {}
+        workers = system.dataloader_workers
+        if workers > 0 and multiprocessing.current_process().daemon:
+            raise WorkloadError(
+                f"system.dataloader_workers={workers} needs worker processes, but this process "
+                "is daemonic and may not start any (a Dask worker: set the Dask config "
+                "distributed.worker.daemon to False)"
+            )
+        if workers > 0 and "fork" in multiprocessing.get_all_start_methods():
+            extra["multiprocessing_context"] = "fork"
+        return DataLoader(
+            TensorDataset(data.train_x, data.train_y),
+            batch_size=self.batch_size,
+            shuffle=True,
+            generator=generator,
+            num_workers=workers,
+            persistent_workers=False,
+            pin_memory=system.device == "cuda",
+            **extra,
+        )
+
+    def train_epoch(self, system: SystemConfig, on_step: StepHook | None = None) -> TrainStats:
+        """One pass over the training split, shuffled from (seed, epoch); see the class doc."""
+        import torch
+        import torch.nn.functional as F
+
+        model, optimizer = self._require_setup()
+        device = self._place(system)
+        data = self.data
+        loader = self._loader(data, system)
+        self._before_epoch(system, len(loader))
+        scaler = None
+        if system.device == "cuda" and system.precision == "fp16":
+            scaler = torch.amp.GradScaler("cuda")
+            if self._scaler_state:
+                scaler.load_state_dict(self._scaler_state)
+        four_d = torch.channels_last if system.channels_last else torch.contiguous_format
+        model.train()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        samples = steps = 0
+        for x, y in loader:
+            x = x.to(device, non_blocking=True)
+            if x.dim() == 4:
+                x = x.contiguous(memory_format=four_d)
+            y = y.to(device, non_blocking=True)
+            optimizer.zero_grad(set_to_none=True)
+            with autocast_for(system):
+                logits = model(x)
+            loss = F.cross_entropy(logits.float(), y)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                loss.backward()
+                optimizer.step()
+            loss_sum += loss.detach().double() * len(y)
+            samples += len(y)
+            steps += 1
+            self._after_step()
+            if on_step is not None:
+                on_step()
+        if scaler is not None:
+            self._scaler_state = scaler.state_dict()
+        self._epoch += 1
+        mean_loss = float(loss_sum.item()) / samples if samples else float("nan")
+        return TrainStats(loss=mean_loss, samples=samples, steps=steps)
+
+    def _val_logits(self, device: torch.device, system: SystemConfig | None) -> torch.Tensor:
+        import contextlib
+
+        import torch
+
+        model, _ = self._require_setup()
+        data = self.data
+        model.eval()
+        chunks = []
+        cast = autocast_for(system) if system is not None else contextlib.nullcontext()
+        with torch.no_grad(), cast:
+            for start in range(0, len(data.val_x), self.eval_batch_size):
+                x = data.val_x[start : start + self.eval_batch_size].to(device)
+                if x.dim() == 4 and system is not None and system.channels_last:
+                    x = x.contiguous(memory_format=torch.channels_last)
+                chunks.append(model(x).float())
+        model.train()
+        return torch.cat(chunks)
+
+    def evaluate(self, system: SystemConfig) -> dict[str, float]:
+        """``accuracy`` (0..1) and mean cross-entropy ``val_loss`` on the validation split."""
+        import torch.nn.functional as F
+
+        device = self._place(system)
+        logits = self._val_logits(device, system)
+        y = self.data.val_y.to(device)
+        return {
+            "accuracy": float((logits.argmax(dim=1) == y).double().mean().item()),
+            "val_loss": float(F.cross_entropy(logits, y).item()),
+        }
+
+    def predict(self) -> torch.Tensor:
+        """Float32 logits (N_val, classes) on the validation split, on the CPU, fp32."""
+        import torch
+
+        return self._val_logits(torch.device(self._device), None).cpu()
+
+    def state_dict(self) -> dict[str, Any]:
+        """CPU copies of model and optimiser state, epoch, seed, RNG and loss-scaler state."""
+        model, optimizer = self._require_setup()
+        assert self._rng is not None
+        return {
+            "model": _cpu_copy(model.state_dict()),
+            "optimizer": _cpu_copy(optimizer.state_dict()),
+            "epoch": self._epoch,
+            "seed": self._seed,
+            "rng": self._rng.get_state(),
+            "scaler": dict(self._scaler_state),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        model, optimizer = self._require_setup()
+        assert self._rng is not None
+        missing = [k for k in ("model", "optimizer", "epoch", "rng") if k not in state]
+        if missing:
+            raise WorkloadError(
+                f"checkpoint is not a {self.name!r} state: missing {', '.join(missing)}"
+            )
+        try:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise WorkloadError(
+                f"checkpoint does not fit workload {self.name!r} with these hyperparameters: "
+                f"{first}"
+            ) from exc
+        self._epoch = int(state["epoch"])
+        self._seed = int(state.get("seed", self._seed))
+        self._rng.set_state(state["rng"])
+        self._scaler_state = dict(state.get("scaler") or {})

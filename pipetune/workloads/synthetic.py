@@ -1,0 +1,177 @@
+"""A workload whose epoch time depends on the system config in a known way: ``synthetic``.
+
+For orchestration tests and benchmarks. It really trains a one-hidden-layer MLP on
+a seeded Gaussian-blob classification set (loss falls, accuracy rises), and on top
+of the real work it sleeps, per epoch::
+
+    sleep = base_seconds + sum(cost_by_knob[knob].get(str(value), 0) for each knob)
+
+where ``value`` is the epoch's :class:`SystemConfig` value of that knob (booleans
+are looked up as ``"true"``/``"false"``; keys given as numbers or booleans in a job
+file are normalised the same way). The sleep is spread evenly over the epoch's
+optimiser steps, before each ``on_step`` call, so a step-sampling profiler sees it.
+:meth:`SyntheticWorkload.sleep_seconds` returns the amount for a config, so a test
+knows which config is cheapest before any tuning runs.
+
+Params: ``base_seconds`` (0.0), ``cost_by_knob`` (``{}``), e.g.
+``{"cores": {"1": 0.3, "2": 0.1}, "dataloader_workers": {"1": 0.05}}``;
+``fail_at_epoch`` (None): ``train_epoch`` raises :class:`RuntimeError` when asked
+to train that epoch (1-based; the epoch counter is part of the checkpoint, so
+this works across processes); ``train_samples`` (512), ``val_samples`` (256),
+``features`` (16), ``classes`` (4), ``data_seed`` (0).
+
+Hyperparameters: ``lr`` (SGD with momentum 0.9, default 0.05), ``batch_size``
+(32), ``hidden`` (32).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pipetune.errors import SpecError
+from pipetune.system.config import KNOBS, SystemConfig
+from pipetune.workloads._classifier import ClassifierData, HParam, TorchClassifierWorkload
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+def _key(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@functools.lru_cache(maxsize=8)
+def load_blobs(
+    train_samples: int, val_samples: int, features: int, classes: int, data_seed: int
+) -> ClassifierData:
+    """Gaussian blobs: class centres ~ N(0, 1.5^2) per feature, points ~ N(centre, 1)."""
+    import torch
+
+    g = torch.Generator().manual_seed(data_seed)
+    centres = torch.randn(classes, features, generator=g) * 1.5
+
+    def draw(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.arange(n) % classes
+        y = y[torch.randperm(n, generator=g)]
+        x = centres[y] + torch.randn(n, features, generator=g)
+        return x, y
+
+    train_x, train_y = draw(train_samples)
+    val_x, val_y = draw(val_samples)
+    return ClassifierData(train_x, train_y, val_x, val_y, num_classes=classes)
+
+
+class SyntheticWorkload(TorchClassifierWorkload):
+    """Tiny MLP plus a known, config-dependent sleep; see the module doc.
+
+    >>> w = SyntheticWorkload(base_seconds=0.1, cost_by_knob={"cores": {1: 0.3}})
+    >>> w.sleep_seconds(SystemConfig(cores=1)), w.sleep_seconds(SystemConfig(cores=2))
+    (0.4, 0.1)
+    """
+
+    name: ClassVar[str] = "synthetic"
+    metrics: ClassVar[tuple[str, ...]] = ("accuracy", "val_loss")
+    hparam_specs: ClassVar[dict[str, HParam]] = {
+        "lr": HParam(0.05),
+        "batch_size": HParam(32, int),
+        "hidden": HParam(32, int),
+    }
+    param_defaults: ClassVar[dict[str, Any]] = {
+        "base_seconds": 0.0,
+        "cost_by_knob": {},
+        "fail_at_epoch": None,
+        "train_samples": 512,
+        "val_samples": 256,
+        "features": 16,
+        "classes": 4,
+        "data_seed": 0,
+    }
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self._sleep_per_step = 0.0
+
+    def _check_params(self) -> None:
+        s = self.settings
+        base = s["base_seconds"]
+        if not _non_negative(base):
+            raise SpecError("workload.params.base_seconds", f"must be a number >= 0, got {base!r}")
+        s["base_seconds"] = float(base)
+        costs = s["cost_by_knob"] or {}
+        if not isinstance(costs, Mapping):
+            raise SpecError(
+                "workload.params.cost_by_knob",
+                f"must map knob names to {{value: seconds}}, got {type(costs).__name__}",
+            )
+        normalised: dict[str, dict[str, float]] = {}
+        for knob, table in costs.items():
+            where = f"workload.params.cost_by_knob.{knob}"
+            if knob not in KNOBS:
+                raise SpecError(where, f"unknown knob; allowed: {', '.join(KNOBS)}")
+            if not isinstance(table, Mapping):
+                raise SpecError(where, "must map knob values to seconds, e.g. {1: 0.3, 2: 0.1}")
+            normalised[knob] = {}
+            for value, seconds in table.items():
+                if not _non_negative(seconds):
+                    raise SpecError(f"{where}.{value}", f"must be a number >= 0, got {seconds!r}")
+                normalised[knob][_key(value)] = float(seconds)
+        s["cost_by_knob"] = normalised
+        self._int_param("fail_at_epoch")
+        for name in ("train_samples", "val_samples", "features"):
+            self._int_param(name, optional=False)
+        self._int_param("classes", minimum=2, optional=False)
+        self._int_param("data_seed", minimum=0, optional=False)
+
+    def sleep_seconds(self, system: SystemConfig) -> float:
+        """Seconds slept per epoch under ``system`` (the formula in the module doc)."""
+        s = self.settings
+        total = s["base_seconds"]
+        for knob, table in s["cost_by_knob"].items():
+            total += table.get(_key(getattr(system, knob)), 0.0)
+        return total
+
+    def _load_data(self) -> ClassifierData:
+        s = self.settings
+        return load_blobs(
+            s["train_samples"], s["val_samples"], s["features"], s["classes"], s["data_seed"]
+        )
+
+    def _build_model(self, data: ClassifierData, hparams: Mapping[str, Any]) -> nn.Module:
+        from torch import nn
+
+        return nn.Sequential(
+            nn.Linear(data.train_x.shape[1], hparams["hidden"]),
+            nn.ReLU(),
+            nn.Linear(hparams["hidden"], data.num_classes),
+        )
+
+    def _build_optimizer(
+        self, model: nn.Module, hparams: Mapping[str, Any]
+    ) -> torch.optim.Optimizer:
+        import torch
+
+        return torch.optim.SGD(model.parameters(), lr=hparams["lr"], momentum=0.9)
+
+    def _before_epoch(self, system: SystemConfig, steps: int) -> None:
+        upcoming = self._epoch + 1
+        if self.settings["fail_at_epoch"] == upcoming:
+            raise RuntimeError(f"synthetic workload: planned failure at epoch {upcoming}")
+        self._sleep_per_step = self.sleep_seconds(system) / max(steps, 1)
+
+    def _after_step(self) -> None:
+        if self._sleep_per_step > 0:
+            time.sleep(self._sleep_per_step)
+
+
+def _non_negative(value: Any) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )

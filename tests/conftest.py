@@ -1,0 +1,47 @@
+"""Test environment: every test run gets its own Prefect home, pipetune home and
+MLflow store, and nothing phones home. Set before Prefect or MLflow is imported."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_RUN_DIR = Path(tempfile.mkdtemp(prefix="pipetune-tests-"))
+os.environ["PREFECT_HOME"] = str(_RUN_DIR / "prefect")
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "120"
+os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
+os.environ["PIPETUNE_HOME"] = str(_RUN_DIR / "pipetune-home")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
+os.environ.pop("PREFECT_API_URL", None)
+os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+#: The real datasets beside the project (absent on a user's machine).
+SHARED_DATASETS = Path(
+    os.environ.get("PIPETUNE_DATASETS", Path(__file__).resolve().parents[2] / "shared" / "datasets")
+)
+
+
+@pytest.fixture(scope="session")
+def shared_datasets() -> Path:
+    if not SHARED_DATASETS.is_dir():
+        pytest.skip(f"real datasets not present at {SHARED_DATASETS}")
+    return SHARED_DATASETS
+
+
+@pytest.fixture(scope="session")
+def prefect_api_url():
+    """A real Prefect server on a free loopback port for the whole session."""
+    from pipetune.prefect_server import LocalPrefectServer
+
+    server = LocalPrefectServer(log_path=_RUN_DIR / "prefect-server.log").start()
+    os.environ["PREFECT_API_URL"] = server.api_url
+    try:
+        yield server.api_url
+    finally:
+        os.environ.pop("PREFECT_API_URL", None)
+        server.stop()

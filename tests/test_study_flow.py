@@ -1,0 +1,222 @@
+"""The study flow for real: a Prefect server, a Dask cluster of process workers,
+real (tiny) training, MLflow on SQLite, checkpoints on disk."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+# Probing knobs whose cost the synthetic workload plants: interop_threads=1 costs
+# 0.3 s per epoch, dataloader_workers=1 costs 0.3 s; so from the default
+# (interop 1, workers 0) the cheapest one-knob probe is interop_threads=2.
+JOB = {
+    "name": "flow-test",
+    "workload": {
+        "name": "synthetic",
+        "params": {
+            "train_samples": 256,
+            "val_samples": 128,
+            "cost_by_knob": {"interop_threads": {"1": 0.3}, "dataloader_workers": {"1": 0.3}},
+        },
+    },
+    "hyperparameters": {"lr": {"type": "loguniform", "low": 0.01, "high": 0.1}},
+    "system": {
+        "default": {"cores": 1, "interop_threads": 1, "dataloader_workers": 0},
+        "space": {"interop_threads": [1, 2], "dataloader_workers": [0, 1]},
+    },
+    "search": {"algorithm": "random", "trials": 3, "seed": 7, "max_concurrent": 1},
+    "early_stopping": {"policy": "none", "max_epochs": 3},
+    "objective": {"metric": "accuracy", "mode": "max", "system": "time"},
+}
+
+
+@pytest.fixture(scope="module")
+def cluster(prefect_api_url):
+    """A real Dask cluster of process workers, started after PREFECT_API_URL is set
+    (the workers inherit it) and kept warm across the flow runs of this module."""
+    import dask
+    from distributed import LocalCluster
+
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(TESTS_DIR), os.environ.get("PYTHONPATH", "")) if p
+    )
+    with dask.config.set({"distributed.worker.daemon": False}):
+        cluster = LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, resources={"cores": 2},
+            host="127.0.0.1", dashboard_address=None,
+        )
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("flow")
+    return {
+        "tracking_uri": f"sqlite:///{root / 'mlflow.db'}",
+        "checkpoints": str(root / "checkpoints"),
+        "groundtruth": str(root / "groundtruth.json"),
+    }
+
+
+def run_study(cluster, store, job=JOB, **params):
+    from prefect_dask import DaskTaskRunner
+
+    from flows.study import study_flow
+
+    runner = DaskTaskRunner(address=cluster.scheduler_address)
+    return study_flow.with_options(task_runner=runner)(
+        job=job,
+        tracking_uri=store["tracking_uri"],
+        checkpoint_root=store["checkpoints"],
+        groundtruth_path=store["groundtruth"],
+        core_budget=2,
+        **params,
+    )
+
+
+def children(client, summary):
+    runs = client.search_runs(
+        [summary["experiment_id"]],
+        filter_string=f"tags.mlflow.parentRunId = '{summary['parent_run_id']}'",
+    )
+    return sorted(runs, key=lambda r: int(r.data.tags["pipetune.trial_id"]))
+
+
+def artifact_paths(client, run_id, path=None):
+    out = []
+    for item in client.list_artifacts(run_id, path):
+        out += artifact_paths(client, run_id, item.path) if item.is_dir else [item.path]
+    return out
+
+
+@pytest.fixture(scope="module")
+def cold(cluster, store):
+    return run_study(cluster, store)
+
+
+def test_study_records_parent_and_trial_runs_in_mlflow(cold, store):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(store["tracking_uri"])
+    parent = client.get_run(cold["parent_run_id"])
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["prefect.flow_run_id"] == cold["flow_run_id"]
+    assert parent.data.metrics["trials"] == 3
+    assert parent.data.metrics["epochs_run"] == 9
+    assert parent.data.metrics["tuning_wall_s"] > 0
+    assert parent.data.tags["energy_source"] == "estimate"
+    assert {"job.json", "spaces.json", "trials.csv", "timeline.png",
+            "best_model/best_model.pt", "best_model/best_model.json"} <= set(
+        artifact_paths(client, parent.info.run_id))
+
+    trials = children(client, cold)
+    assert len(trials) == 3
+    for run in trials:
+        assert run.data.tags["prefect.flow_run_id"] == cold["flow_run_id"]
+        assert run.data.tags["outcome"] == "completed"
+        assert "lr" in run.data.params
+        losses = client.get_metric_history(run.info.run_id, "train_loss")
+        assert [m.step for m in sorted(losses, key=lambda m: m.step)] == [1, 2, 3]
+        knob = client.get_metric_history(run.info.run_id, "sys_interop_threads")
+        assert sorted(m.step for m in knob) == [1, 2, 3]
+        assert run.data.tags["epoch.001.phase"] == "profile"
+        assert "profiles.csv" in artifact_paths(client, run.info.run_id)
+
+    # Trial 0 found nothing to match, probed both one-knob candidates and kept the
+    # cheaper; later trials matched its profile and skipped probing.
+    first = trials[0]
+    assert first.data.tags["groundtruth"] == "miss"
+    assert [first.data.tags[f"epoch.00{e}.phase"] for e in (2, 3)] == ["probe", "probe"]
+    assert cold["probe_epochs"] == 2
+    for run in trials[1:]:
+        assert run.data.tags["groundtruth"] == "hit"
+        assert run.data.tags["system.final"] == "cores=1 interop=2 workers=0"
+
+
+def test_prefect_shows_each_trial_as_a_chain_of_tasks(cold):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(cold["flow_run_id"])
+        assert flow_run.state.is_completed()
+        names: list[str] = []
+        deadline = time.monotonic() + 30  # task-run records arrive as events
+        while time.monotonic() < deadline:
+            runs = client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
+            )
+            names = [r.name for r in runs]
+            if sum(n.startswith("trial-") and "-epoch-" in n for n in names) >= 9:
+                break
+            time.sleep(0.5)
+    for trial in range(3):
+        epochs = [n for n in names if n.startswith(f"trial-{trial}-epoch-")]
+        assert len(epochs) == 3, names
+        assert f"trial-{trial}-profile-lookup" in names
+        assert {f"trial-{trial}-tune-after-epoch-{e}" for e in (1, 2)} <= set(names)
+
+
+def test_checkpoints_exist_for_every_epoch(cold, store):
+    root = Path(store["checkpoints"]) / cold["study_id"]
+    for trial in range(3):
+        files = sorted(p.name for p in (root / f"trial-{trial:03d}").glob("*.pt"))
+        assert files == ["epoch-001.pt", "epoch-002.pt", "epoch-003.pt"]
+
+
+def test_second_run_of_the_same_job_hits_the_ground_truth(cold, cluster, store):
+    from mlflow.tracking import MlflowClient
+
+    warm = run_study(cluster, store)
+    assert warm["probe_epochs"] == 0
+    assert warm["groundtruth_hits"] == 3
+    parent = MlflowClient(store["tracking_uri"]).get_run(warm["parent_run_id"])
+    assert parent.data.metrics["probe_epochs"] == 0
+    assert parent.data.metrics["groundtruth_hits"] == 3
+
+
+def test_no_pipetune_runs_every_epoch_under_the_default(cluster, store):
+    from mlflow.tracking import MlflowClient
+
+    v1 = run_study(cluster, store, pipetune=False)
+    client = MlflowClient(store["tracking_uri"])
+    assert v1["probe_epochs"] == 0 and v1["groundtruth_lookups"] == 0
+    for run in children(client, v1):
+        phases = {v for k, v in run.data.tags.items() if k.endswith(".phase")}
+        assert phases == {"train"}
+        for knob, default in (("sys_interop_threads", 1), ("sys_dataloader_workers", 0)):
+            history = client.get_metric_history(run.info.run_id, knob)
+            assert len(history) == 3 and {m.value for m in history} == {default}
+
+
+def test_a_failing_trial_fails_alone(cluster, store):
+    from mlflow.tracking import MlflowClient
+
+    job = {
+        **JOB,
+        "name": "flaky",
+        "workload": {**JOB["workload"], "name": "flaky_workload:FlakyWorkload"},
+        "hyperparameters": {"hidden": {"type": "choice", "values": [8, 16, 32]}},
+        "search": {"algorithm": "grid", "trials": 3, "seed": 0, "max_concurrent": 2},
+    }
+    summary = run_study(cluster, store, job=job)
+    assert summary["trials_failed"] == 1
+    assert summary["trials_completed"] == 2
+    failed = [row for row in summary["trials_table"] if row["outcome"] == "failed"]
+    assert len(failed) == 1 and "hidden=8 breaks in epoch 2" in failed[0]["error"]
+    client = MlflowClient(store["tracking_uri"])
+    runs = {r.data.tags["outcome"]: r for r in children(client, summary)}
+    assert runs["failed"].info.status == "FAILED"
+    assert "hidden=8" in runs["failed"].data.tags["error"]
+    parent = client.get_run(summary["parent_run_id"])
+    assert parent.info.status == "FINISHED" and parent.data.metrics["trials_failed"] == 1

@@ -1,0 +1,139 @@
+"""SystemConfig checks itself, names the knob it rejects, and applying it is undone."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+
+from pipetune.errors import SpecError, SystemConfigError
+from pipetune.system import KNOBS, MachineInfo, SystemConfig, applied_system_config, autocast_for
+
+
+@pytest.mark.parametrize(
+    ("knobs", "field"),
+    [
+        ({"cores": 0}, "system.cores"),
+        ({"cores": 1.5}, "system.cores"),
+        ({"interop_threads": True}, "system.interop_threads"),
+        ({"dataloader_workers": -1}, "system.dataloader_workers"),
+        ({"device": "tpu"}, "system.device"),
+        ({"device": "cuda", "precision": "fp8"}, "system.precision"),
+        ({"device": "cuda", "tf32": "yes"}, "system.tf32"),
+    ],
+)
+def test_invalid_values_name_the_knob(knobs, field):
+    with pytest.raises(SystemConfigError) as info:
+        SystemConfig(**knobs)
+    assert info.value.field == field
+    assert isinstance(info.value, SpecError) and str(info.value).startswith(field)
+
+
+@pytest.mark.parametrize("knob", ["precision", "tf32", "cudnn_benchmark", "channels_last"])
+def test_cuda_knobs_need_device_cuda(knob):
+    value = "bf16" if knob == "precision" else True
+    with pytest.raises(SystemConfigError, match="CUDA knob") as info:
+        SystemConfig(**{knob: value})
+    assert info.value.field == f"system.{knob}"
+    assert getattr(SystemConfig(device="cuda", **{knob: value}), knob) == value
+
+
+def test_cuda_rejected_on_a_machine_without_a_gpu():
+    config = SystemConfig(device="cuda", precision="bf16", tf32=True)
+    with pytest.raises(SystemConfigError, match="no CUDA device") as info:
+        config.check_machine(MachineInfo(cores=2))
+    assert info.value.field == "system.device"
+    config.check_machine(MachineInfo(cores=2, cuda_devices=1))
+
+
+def test_more_cores_than_the_machine_has_are_rejected():
+    with pytest.raises(SystemConfigError, match="4 cores requested but this machine has 2") as info:
+        SystemConfig(cores=4).check_machine(MachineInfo(cores=2))
+    assert info.value.field == "system.cores"
+    with pytest.raises(SystemConfigError) as info:
+        SystemConfig(cores=4).check_machine(MachineInfo(cores=2), where="system.default")
+    assert info.value.field == "system.default.cores"
+    SystemConfig(cores=2).check_machine(MachineInfo(cores=2))
+
+
+def test_detected_machine_matches_the_process_affinity():
+    machine = MachineInfo.detect()
+    assert machine.cores == len(os.sched_getaffinity(0)) >= 1
+    assert machine.cuda_devices >= 0
+
+
+def test_dict_round_trip_and_unknown_knob():
+    config = SystemConfig(cores=2, interop_threads=2, dataloader_workers=1)
+    assert tuple(config.to_dict()) == KNOBS
+    assert SystemConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(SystemConfigError, match="unknown knob") as info:
+        SystemConfig.from_dict({"cores": 1, "threads": 2})
+    assert info.value.field == "system.threads"
+    with pytest.raises(SystemConfigError):
+        config.replace(cores=0)  # replace checks too
+
+
+def test_label_and_metrics():
+    assert SystemConfig(cores=2).replace(dataloader_workers=1).label() == (
+        "cores=2 interop=1 workers=1"
+    )
+    gpu = SystemConfig(device="cuda", precision="bf16", tf32=True)
+    assert gpu.label() == "cores=1 interop=1 workers=0 cuda bf16 tf32"
+    metrics = gpu.as_metrics()
+    assert metrics["sys_cuda"] == 1.0 and metrics["sys_precision_bits"] == 16.0
+    assert all(isinstance(v, float) for v in SystemConfig().as_metrics().values())
+
+
+def test_values_pickle_round_trip():
+    for value in (
+        SystemConfig(cores=2, dataloader_workers=1),
+        SystemConfig(device="cuda", precision="fp16", channels_last=True),
+        MachineInfo(cores=3, cuda_devices=1),
+    ):
+        clone = pickle.loads(pickle.dumps(value))
+        assert clone == value and hash(clone) == hash(value)
+
+
+def test_applied_config_sets_torch_threads_and_restores_them():
+    import torch
+
+    before = torch.get_num_threads()
+    target = 1 if before != 1 else 2
+    with applied_system_config(SystemConfig(cores=target)) as applied:
+        assert torch.get_num_threads() == target
+        assert applied.config.cores == target
+    assert torch.get_num_threads() == before
+
+    with pytest.raises(RuntimeError, match="boom"):
+        with applied_system_config(SystemConfig(cores=target)):
+            raise RuntimeError("boom")
+    assert torch.get_num_threads() == before
+
+
+def test_applied_cuda_flags_are_restored():
+    import torch
+
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.benchmark)
+    config = SystemConfig(device="cuda", tf32=not saved[0], cudnn_benchmark=not saved[1])
+    with applied_system_config(config):
+        assert torch.backends.cuda.matmul.allow_tf32 is (not saved[0])
+        assert torch.backends.cudnn.benchmark is (not saved[1])
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.benchmark) == saved
+
+
+def test_autocast_is_off_on_the_cpu_and_in_fp32():
+    import contextlib
+
+    assert isinstance(autocast_for(SystemConfig()), contextlib.nullcontext)
+    assert isinstance(autocast_for(SystemConfig(device="cuda")), contextlib.nullcontext)
+
+
+def test_autocast_uses_the_configs_precision_on_a_gpu():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    with autocast_for(SystemConfig(device="cuda", precision="bf16")):
+        out = torch.ones(4, 4, device="cuda") @ torch.ones(4, 4, device="cuda")
+    assert out.dtype == torch.bfloat16
