@@ -103,16 +103,9 @@ def study_flow(
             tracker.log_epoch(trial, result)
             if decision is Decision.CONTINUE:
                 if study.needs_lookup(task.trial_id):
-                    match = lookup_groundtruth(
-                        ground_truth, result.measurement.profile, result.batch_size,
-                        study.objective, trial_id=task.trial_id, wait_for=[future],
-                    )
+                    match = lookup_groundtruth(study, task.trial_id, wait_for=[future])
                     study.set_match(task.trial_id, match)
-                choice = decide_system(
-                    study.tuner, list(trial.history),
-                    spec.early_stopping.max_epochs - trial.epochs_run, trial.match,
-                    trial_id=task.trial_id, epoch=task.epoch, wait_for=[future],
-                )
+                choice = decide_system(study, task.trial_id, task.epoch, wait_for=[future])
                 study.apply_decision(task.trial_id, choice)
             else:
                 tracker.end_trial(trial, metric=study.metric, objective=study.objective)

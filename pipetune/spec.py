@@ -301,14 +301,61 @@ def _check_workload_params(workload_cls: type, spec: JobSpec) -> None:
         raise SpecError("workload.params", str(e)) from None
     except TypeError as e:
         raise SpecError("workload.params", f"{e} ({workload_cls.__name__})") from None
+    _check_system_hyperparameters(spec)
     known = getattr(workload_cls, "hparam_specs", None)
     if isinstance(known, Mapping) and known:
         for name in spec.hyperparameters:
+            if name.startswith(SYSTEM_HPARAM_PREFIX):
+                continue
             if name not in known:
                 raise SpecError(
                     f"hyperparameters.{name}",
                     f"not a hyperparameter of {spec.workload.name}; allowed: {', '.join(known)}",
                 )
+
+
+#: Hyperparameters named ``system.<knob>`` put a system knob into the search space
+#: (the paper's V2 baseline, joint tuning): the trial runs every epoch under it.
+SYSTEM_HPARAM_PREFIX = "system."
+
+
+def _check_system_hyperparameters(spec: JobSpec) -> None:
+    from pipetune.space import Choice
+    from pipetune.system.config import KNOBS, SystemConfig
+
+    names = [n for n in spec.hyperparameters if n.startswith(SYSTEM_HPARAM_PREFIX)]
+    if not names:
+        return
+    if spec.pipetune.enabled:
+        raise SpecError(
+            "pipetune.enabled",
+            "system knobs in the hyperparameter space (joint tuning) need pipetune.enabled: false",
+        )
+    for name in names:
+        knob = name[len(SYSTEM_HPARAM_PREFIX):]
+        where = f"hyperparameters.{name}"
+        if knob not in KNOBS:
+            raise SpecError(where, f"unknown system knob {knob!r}; allowed: {', '.join(KNOBS)}")
+        dist = spec.hyperparameters[name]
+        if not isinstance(dist, Choice):
+            raise SpecError(where, "a system knob must be a choice of values")
+        for value in dist.values:
+            try:
+                config = SystemConfig.from_dict({**spec.system.default.to_dict(), knob: value})
+                config.check_machine(where=where)
+            except SpecError as e:
+                raise SpecError(where, f"value {value!r}: {e.message}") from None
+
+
+def split_system_params(
+    params: Mapping[str, Any], default: Any
+) -> tuple[dict[str, Any], Any | None]:
+    """Split a trial's params into workload hyperparameters and, when the space holds
+    ``system.<knob>`` entries, the trial's fixed :class:`SystemConfig` (else None)."""
+    hparams = {k: v for k, v in params.items() if not k.startswith(SYSTEM_HPARAM_PREFIX)}
+    knobs = {k[len(SYSTEM_HPARAM_PREFIX):]: v for k, v in params.items()
+             if k.startswith(SYSTEM_HPARAM_PREFIX)}
+    return hparams, (default.replace(**knobs) if knobs else None)
 
 
 # -- errors ----------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from pipetune.runner import EpochResult, EpochTask
 from pipetune.schedulers import Decision, make_scheduler
 from pipetune.searchers import TrialState, make_searcher
+from pipetune.spec import split_system_params
 from pipetune.system.config import MachineInfo, SystemConfig
 from pipetune.tuner import (
     EpochObservation,
@@ -58,6 +59,9 @@ class Trial:
     decisions: list[TuningDecision] = field(default_factory=list)
     recorded: SystemConfig | None = None
     error: str | None = None
+    #: Set when the search space holds system knobs (joint tuning): every epoch runs
+    #: under it and the system tuner is not consulted.
+    fixed_system: SystemConfig | None = None
 
     @property
     def epochs_run(self) -> int:
@@ -192,8 +196,9 @@ class Study:
             params=dict(suggestion.params),
             seed=self.spec.search.seed * 100_003 + suggestion.trial_id,
         )
+        _, trial.fixed_system = split_system_params(trial.params, self.spec.system.default)
         self.trials[trial.trial_id] = trial
-        decision = self.tuner.next_epoch([], epochs_left=self.max_epochs, match=None)
+        decision = self.decide(trial.trial_id)
         trial.decisions.append(decision)
         return self._epoch_task(trial, decision)
 
@@ -208,7 +213,7 @@ class Study:
             system=decision.system,
             workload=self.spec.workload.name,
             workload_params=dict(self.spec.workload.params),
-            hparams=dict(trial.params),
+            hparams=split_system_params(trial.params, self.spec.system.default)[0],
             seed=trial.seed,
             checkpoint_in=trial.checkpoint,
             checkpoint_out=self.checkpoints.ref(self.study_id, trial.trial_id, epoch),
@@ -326,6 +331,9 @@ class Study:
     def decide(self, trial_id: int) -> TuningDecision:
         """Ask the system tuner for the trial's next epoch config."""
         trial = self.trials[trial_id]
+        if trial.fixed_system is not None:
+            return TuningDecision(system=trial.fixed_system, phase=Phase.TRAIN, record=None,
+                                  record_cost=None, reason="system knobs set by the trial's params")
         return self.tuner.next_epoch(
             trial.history, epochs_left=self.max_epochs - trial.epochs_run, match=trial.match
         )

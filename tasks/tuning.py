@@ -1,15 +1,16 @@
-"""Profile lookup and system-tuning tasks: run in the flow process, between epochs."""
+"""Profile lookup and system-tuning tasks: run in the flow process, between epochs.
+
+They take the study engine and a trial id, and call the engine's policy methods, so
+the Prefect UI shows each decision as a task run between a trial's epochs.
+"""
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from pipetune.groundtruth import GroundTruth
-from pipetune.profiler.profile import Profile
-from pipetune.tuner import EpochObservation, GroundTruthMatch, SystemTuner, TuningDecision
+from pipetune.study import Study
+from pipetune.tuner import GroundTruthMatch, TuningDecision
 
 
 @task(
@@ -18,11 +19,9 @@ from pipetune.tuner import EpochObservation, GroundTruthMatch, SystemTuner, Tuni
     cache_policy=NO_CACHE,
     persist_result=False,
 )
-def lookup_groundtruth(
-    ground_truth: GroundTruth, profile: Profile, batch_size: int, objective: str, trial_id: int
-) -> GroundTruthMatch:
-    """Match the epoch-1 profile against the ground truth's clusters."""
-    return ground_truth.lookup(profile, batch_size, objective)
+def lookup_groundtruth(study: Study, trial_id: int) -> GroundTruthMatch:
+    """Match the trial's epoch-1 profile against the ground truth's clusters."""
+    return study.lookup(trial_id)
 
 
 @task(
@@ -31,13 +30,6 @@ def lookup_groundtruth(
     cache_policy=NO_CACHE,
     persist_result=False,
 )
-def decide_system(
-    tuner: SystemTuner,
-    history: Sequence[EpochObservation],
-    epochs_left: int,
-    match: GroundTruthMatch | None,
-    trial_id: int,
-    epoch: int,
-) -> TuningDecision:
+def decide_system(study: Study, trial_id: int, epoch: int) -> TuningDecision:
     """The system tuner's choice of config (and phase) for the trial's next epoch."""
-    return tuner.next_epoch(history, epochs_left=epochs_left, match=match)
+    return study.decide(trial_id)

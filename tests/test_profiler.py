@@ -221,6 +221,23 @@ def test_cpu_of_child_processes_is_counted():
     assert m.cpu_s >= 0.55  # 0.3 s in each child, this process mostly waits
 
 
+def test_peak_rss_is_the_epochs_own_peak():
+    from pipetune.profiler.usage import reset_peak_rss
+
+    if not reset_peak_rss():
+        pytest.skip("this kernel does not let a process reset its peak RSS")
+
+    def allocating(hook):
+        block = torch.ones(75_000_000)  # 300 MB, every page written
+        del block
+        return TrainStats(0.0, 1, 1)
+
+    profiler = EpochProfiler(perf="off")
+    _, big = profiler.measure(allocating, profile_ops=False)
+    _, small = profiler.measure(make_train("mlp", samples=64), profile_ops=False)
+    assert big.peak_rss_mb >= small.peak_rss_mb + 100
+
+
 def test_profiler_pickles_for_dask_workers():
     profiler = EpochProfiler(op_mix_steps=2, perf="off", watts_per_core=3.0)
     profiler.measure(make_train("mlp", samples=64))  # resolves the energy meter

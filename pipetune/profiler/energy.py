@@ -16,6 +16,7 @@ estimate as a measurement.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import threading
@@ -398,13 +399,28 @@ def cuda_index(device: str) -> int | None:
 
 def best_meter(device: str = "cpu", watts_per_core: float = 10.0, *,
                powercap_root: str | os.PathLike[str] = POWERCAP_ROOT) -> EnergyMeter:
-    """The most direct meter available: NVML for a CUDA device, else RAPL, else estimate."""
+    """The most direct meter available: NVML for a CUDA device, else RAPL, else estimate.
+
+    What is available is checked once per process (per device index and powercap root).
+    """
     index = cuda_index(device)
-    if index is not None and NvmlMeter.available(index):
+    if index is not None and _nvml_available(index):
         return NvmlMeter(index)
-    if RaplMeter.available(powercap_root):
+    if _rapl_available(str(powercap_root)):
         return RaplMeter(powercap_root)
     return EstimateMeter(watts_per_core)
+
+
+# Checked once per process: a profiler is often built per epoch task, and starting NVML
+# takes a noticeable fraction of a second on a GPU machine.
+@functools.cache
+def _nvml_available(index: int) -> bool:
+    return NvmlMeter.available(index)
+
+
+@functools.cache
+def _rapl_available(root: str) -> bool:
+    return RaplMeter.available(root)
 
 
 def _check_positive(field: str, value: object) -> None:
