@@ -68,9 +68,23 @@ def _add_orchestration(subparsers: argparse._SubParsersAction) -> None:
         add(subparsers)
 
 
+def _add_bench(subparsers: argparse._SubParsersAction) -> None:
+    from pipetune.cli_bench import add_bench
+
+    add_bench(subparsers)
+
+
+def _add_deploy(subparsers: argparse._SubParsersAction) -> None:
+    from pipetune.cli_deploy import add_deploy_commands
+
+    add_deploy_commands(subparsers)
+
+
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_validate,
     _add_orchestration,
+    _add_bench,
+    _add_deploy,
 ]
 
 

@@ -8,7 +8,7 @@ trial uses it and skips probing.
 
 How similarity is decided (lazily, at lookup; refitted whenever the records changed):
 
-- **Features**: ``Profile.vector(PROFILE_FEATURES)``.
+- **Features**: ``Profile.vector(CLUSTER_FEATURES)``.
 - **Noise units**: each feature has a floor in :data:`SCALE_FLOORS`, the size of a
   difference that does not tell jobs apart (run-to-run jitter): 5 points of operator
   mix, a tenth of a core of CPU use, ~28% of speed, work or memory (0.25 in log units),
@@ -67,14 +67,14 @@ from typing import Any
 
 from pipetune.errors import GroundTruthError, SpecError, SystemConfigError
 from pipetune.home import pipetune_home
-from pipetune.profiler.profile import PROFILE_FEATURES, Profile
+from pipetune.profiler.profile import CLUSTER_FEATURES, Profile
 from pipetune.system.config import SystemConfig
 from pipetune.tuner import GroundTruthMatch
 
 FORMAT_VERSION = 1
 OBJECTIVES: tuple[str, ...] = ("time", "energy")
 
-_SHARE = (0.05, 0.0)
+_SHARE = (0.1, 0.0)
 _LOG = (0.25, 0.0)
 _COUNT = (1.0, 0.5)
 #: Per feature, ``(absolute, relative)``: its noise floor at value ``v`` is
@@ -137,7 +137,7 @@ class GroundTruth:
         *,
         max_clusters: int = 8,
         bound_factor: float = 2.0,
-        min_bound: float = 1.0,
+        min_bound: float = 2.0,
     ) -> None:
         if not isinstance(max_clusters, int) or isinstance(max_clusters, bool) or max_clusters < 1:
             raise SpecError(
@@ -399,7 +399,7 @@ class GroundTruth:
     def _fit_records(self, records: list[dict[str, Any]], key: str) -> _Fit | None:
         import numpy as np
 
-        names = PROFILE_FEATURES
+        names = CLUSTER_FEATURES
         usable = [r for r in records if all(n in r["features"] for n in names)]
         if not usable:
             return None
@@ -489,10 +489,10 @@ def _noise_distance(names: tuple[str, ...], points: Any, other: Any) -> Any:
 
 def _profile_features(profile: Profile) -> dict[str, float]:
     try:
-        vector = profile.vector(PROFILE_FEATURES)
+        vector = profile.vector(CLUSTER_FEATURES)
     except KeyError as err:
         raise GroundTruthError(f"cannot use this profile: {err.args[0]}") from None
-    return dict(zip(PROFILE_FEATURES, vector, strict=True))
+    return dict(zip(CLUSTER_FEATURES, vector, strict=True))
 
 
 def _check_objective(objective: str) -> str:

@@ -201,7 +201,7 @@ class SimilaritySpec(_Section):
 
     max_clusters: int = Field(8, ge=1)
     bound_factor: float = Field(2.0, gt=0)
-    min_bound: float = Field(1.0, gt=0)
+    min_bound: float = Field(2.0, gt=0)
 
 
 class PipetuneSpec(_Section):
@@ -217,7 +217,7 @@ class ProfilerSpec(_Section):
     """Epoch profiling: steps sampled for the operator mix, the energy model's watts
     per busy core, and whether to read hardware counters with ``perf``."""
 
-    op_mix_steps: int = Field(3, ge=0)
+    op_mix_steps: int = Field(10, ge=1)
     watts_per_core: float = Field(10.0, gt=0)
     perf: Literal["auto", "off"] = "auto"
 

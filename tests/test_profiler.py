@@ -162,7 +162,7 @@ def perf_children() -> list[psutil.Process]:
 
 
 def test_failing_epoch_propagates_and_profiler_still_works_after():
-    profiler = EpochProfiler()
+    profiler = EpochProfiler(op_mix_steps=3)
     train = make_train("mlp")
 
     def broken(hook):

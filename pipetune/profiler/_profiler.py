@@ -80,7 +80,7 @@ class EpochProfiler:
     ... # doctest: +SKIP
     """
 
-    def __init__(self, *, op_mix_steps: int = 3, perf: str = "auto",
+    def __init__(self, *, op_mix_steps: int = 10, perf: str = "auto",
                  watts_per_core: float = 10.0, energy_meter: EnergyMeter | None = None,
                  device: str = "cpu") -> None:
         if isinstance(op_mix_steps, bool) or not isinstance(op_mix_steps, int) \

@@ -6,10 +6,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-#: Features the ground truth clusters on. They describe the *job* (its operator mix,
-#: how it uses the CPU and memory per step, its speed) as seen under the default
-#: system config in epoch 1, so profiles of the same model with other learning rates
-#: land together and other models land apart.
+#: Every named feature of a profile (the profile vector, logged per epoch).
 PROFILE_FEATURES: tuple[str, ...] = (
     "op_conv_share",
     "op_matmul_share",
@@ -18,9 +15,25 @@ PROFILE_FEATURES: tuple[str, ...] = (
     "op_other_share",
     "cpu_util",
     "log_samples_per_s",
-    "log_flops_proxy",  # log of process CPU seconds per sample
+    "log_flops_proxy",  # log of process CPU microseconds per sample
     "ctx_switches_per_step",
     "page_faults_per_step",
+    "log_peak_rss_mb",
+)
+
+#: The features the ground truth clusters on: what describes the *job* (its operator
+#: mix, CPU work per sample, memory footprint) and stays put when the machine is
+#: busier or the worker process is fresh. Left out on purpose: wall-clock speed and
+#: CPU utilisation (they fall when other trials share the machine) and per-step
+#: context switches and page faults (measured for one synthetic job: 44 page faults
+#: per step in epoch 1 of a fresh process, 0 in a warm one).
+CLUSTER_FEATURES: tuple[str, ...] = (
+    "op_conv_share",
+    "op_matmul_share",
+    "op_elementwise_share",
+    "op_data_share",
+    "op_other_share",
+    "log_flops_proxy",
     "log_peak_rss_mb",
 )
 

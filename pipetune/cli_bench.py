@@ -1,0 +1,91 @@
+"""``pipetune bench JOB.yaml``: every tuning strategy on one job, side by side.
+
+Like ``pipetune tune``, it starts a local Prefect server when ``PREFECT_API_URL`` is
+not set, and imports ``flows.bench`` only once the job file has been read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from pipetune.errors import SpecError
+
+
+def _strategies(text: str | None) -> list[str]:
+    from pipetune.bench import STRATEGIES
+
+    if not text:
+        return list(STRATEGIES)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    for n in names:
+        if n not in STRATEGIES:
+            raise SpecError("--strategies", f"unknown strategy {n!r}; allowed: "
+                            f"{', '.join(STRATEGIES)}")
+    return names
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    from pipetune.bench import load_bench_job
+    from pipetune.cli_tune import _quiet_defaults
+    from pipetune.home import pipetune_home
+    from pipetune.prefect_server import LocalPrefectServer
+    from pipetune.tracking import default_tracking_uri, ensure_experiment
+
+    strategies = _strategies(args.strategies)
+    job = load_bench_job(args.job, quick=args.quick)
+    suffix = "-quick" if args.quick else ""
+    out = Path(args.out or Path("results") / f"bench-{job.spec.name}{suffix}")
+    command = " ".join(
+        ["pipetune bench", shlex.quote(args.job)]
+        + (["--quick"] if args.quick else [])
+        + (["--strategies", args.strategies] if args.strategies else [])
+        + (["--no-oracle"] if args.no_oracle else [])
+    )
+    _quiet_defaults()
+    tracking_uri = args.tracking_uri or default_tracking_uri()
+    print(f"bench {job.spec.name}: data {job.data}; results in {out}", file=sys.stderr)
+    server = None
+    if not os.environ.get("PREFECT_API_URL"):
+        log = pipetune_home() / "prefect-server.log"
+        print(f"starting a local Prefect server on 127.0.0.1 (log: {log}) ...", file=sys.stderr)
+        server = LocalPrefectServer(log_path=log).start()
+        os.environ["PREFECT_API_URL"] = server.api_url
+    try:
+        ensure_experiment(tracking_uri)  # once, before any fan-out
+        from flows.bench import run_bench
+
+        bench, paths = run_bench(job, out_dir=out, tracking_uri=tracking_uri, command=command,
+                                 strategies=strategies, oracle=not args.no_oracle)
+    finally:
+        if server is not None:
+            server.stop()
+            os.environ.pop("PREFECT_API_URL", None)
+    print(paths["markdown"].read_text(encoding="utf-8"))
+    print(f"report: {out} (results.md, results.json, tuning_time.png, metric_vs_time.png)")
+    print(f"MLflow: bench run {bench.bench_run_id} (experiment pipetune-bench) in {tracking_uri}")
+    return 0
+
+
+def add_bench(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``pipetune bench``."""
+    p = subparsers.add_parser(
+        "bench", help="compare PipeTune with V1, V2 and the oracle on one job",
+        description="Run V1 (default config; one core per trial), V2 (joint tuning), PipeTune "
+        "cold and warm, then the oracle, with the same trial budget and seeds; write a "
+        "markdown table and pictures, and log the bench to MLflow (experiment pipetune-bench).",
+    )
+    p.add_argument("job", metavar="JOB.yaml", help="a job file, optionally with a bench section")
+    p.add_argument("--quick", action="store_true",
+                   help="the job's bench.quick sizes (default: half the trials)")
+    p.add_argument("--out", default=None,
+                   help="results folder (default: results/bench-<job>[-quick])")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI (default: sqlite:///./mlflow.db)")
+    p.add_argument("--strategies", default=None,
+                   help="comma-separated subset, e.g. v1-default,pipetune-cold")
+    p.add_argument("--no-oracle", action="store_true", help="skip the oracle runs")
+    p.set_defaults(run=run_bench_command)
