@@ -27,7 +27,9 @@ CPU time.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import re
 from collections import defaultdict
 from collections.abc import Iterable
@@ -243,7 +245,8 @@ class OpMixRecorder:
             use_cpu=True, use_kineto=True,
             use_device="cuda" if self.device.startswith("cuda") else None,
         )
-        self._prof.__enter__()
+        with _native_stderr_silenced():
+            self._prof.__enter__()
         self._open_mark()
 
     def _open_mark(self) -> None:
@@ -260,7 +263,8 @@ class OpMixRecorder:
     def _end(self) -> None:
         self._close_mark()
         if self._prof is not None:
-            self._prof.__exit__(None, None, None)
+            with _native_stderr_silenced():
+                self._prof.__exit__(None, None, None)
         self._done = True
 
     def finish(self) -> OpMix:
@@ -286,3 +290,28 @@ class OpMixRecorder:
         if sum(shares.values()) <= 0:
             return OpMix(shares, 0, "none: the trace held no operator time")
         return OpMix(shares, self._recorded, f"torch.profiler({self._recorded} steps)")
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """Kineto writes "USDT: ... profiler_start/stop" lines straight to file descriptor 2
+    at every trace start and stop, with no setting to turn them off; send fd 2 to
+    /dev/null for those two calls only (about a millisecond each)."""
+    import sys
+
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield
+        return
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, 2)
+        finally:
+            os.close(devnull)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
