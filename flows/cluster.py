@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import dask
-
 from prefect_dask import DaskTaskRunner
 
 from pipetune.system.config import MachineInfo
@@ -37,6 +36,7 @@ def embedded_cluster_kwargs(workers: int | None = None) -> dict:
         "host": "127.0.0.1",
         "dashboard_address": None,
         "env": env,
+        "preload": ["flows.worker_setup"],
     }
 
 

@@ -19,6 +19,7 @@ from prefect.futures import as_completed
 from prefect.runtime import deployment, flow_run
 
 from flows.cluster import task_runner
+from flows.params import CoreBudget, JobArgument, TrialsOverride
 from pipetune.checkpoints import CheckpointStore
 from pipetune.groundtruth import GroundTruth
 from pipetune.home import pipetune_home
@@ -37,13 +38,13 @@ def resolve_job(job: dict[str, Any] | str, trials: int | None, pipetune: bool | 
 
 @flow(name="pipetune-study", task_runner=task_runner(), log_prints=False)
 def study_flow(
-    job: dict[str, Any] | str,
-    trials: int | None = None,
+    job: JobArgument,
+    trials: TrialsOverride = None,
     pipetune: bool | None = None,
     tracking_uri: str | None = None,
     checkpoint_root: str | None = None,
     groundtruth_path: str | None = None,
-    core_budget: int | None = None,
+    core_budget: CoreBudget = None,
 ) -> dict[str, Any]:
     """Tune ``job`` (a job-spec dict or a path to a job YAML) and record it in MLflow.
 

@@ -11,7 +11,6 @@ import argparse
 import os
 import re
 import sys
-
 from pathlib import Path
 
 from pipetune.errors import PipetuneError, SpecError
@@ -158,8 +157,9 @@ def _print_summary(summary: dict, metric: str, api_url: str, server) -> None:
     best = summary.get("best_value")
     console.print(
         f"best {metric}: {best:.4f} (trial {int(summary['best_trial'])}) "
-        f"params {summary['best_params']} system [{summary['best_system']}]"
-        if best is not None else "no trial finished"
+        f"params {summary['best_params']} system: {summary['best_system']}"
+        if best is not None else "no trial finished",
+        markup=False,
     )
     console.print(
         f"tuning wall time {summary['tuning_wall_s']:.1f} s | epochs {int(summary['epochs_run'])}"

@@ -178,11 +178,11 @@ class StudyTracker:
             tags.append(RunTag("groundtruth.reason", trial.match.reason[:5000]))
         if trial.final_system is not None:
             tags.append(RunTag("system.final", trial.final_system.label()))
-        metrics = []
+        now = int(time.time() * 1000)
+        metrics = [_metric("probe_epochs", trial.probe_epochs, 0, now)]
         value = trial.last_value(metric)
         if value is not None:
-            metrics.append(_metric(f"final_{metric}", value, trial.epochs_run, int(time.time() * 1000)))
-        metrics.append(_metric("probe_epochs", trial.probe_epochs, 0, int(time.time() * 1000)))
+            metrics.append(_metric(f"final_{metric}", value, trial.epochs_run, now))
         self.client.log_batch(run_id, metrics=metrics, tags=tags)
         if trial.results:
             self.client.log_text(run_id, profiles_csv(trial), "profiles.csv")
@@ -241,7 +241,7 @@ class StudyTracker:
                 "workload_params": self.spec.workload.params,
                 "system": trial.final_system.to_dict() if trial.final_system else None,
                 "checkpoint": trial.checkpoint,
-                "load_with": "Workload.load(path) after setup(params, seed); torch.load(weights_only=True)",
+                "load_with": "Workload.setup(params, seed), then Workload.load(path)",
             }, indent=2, default=str))
             self.client.log_artifact(self.parent_run_id, str(local), "best_model")
             self.client.log_artifact(self.parent_run_id, str(meta), "best_model")
@@ -270,7 +270,8 @@ def profiles_csv(trial: Trial) -> str:
             "energy_j": m.energy_j,
             "energy_source": m.energy_source,
             "counters_source": m.counters_source,
-            **{f"op_{k}": v for k, v in m.op_mix.items()},
             **m.profile.features,
         })
+        if r.phase.value != "profile":  # the operator mix is sampled in the profiled epoch only
+            rows[-1].update({k: None for k in m.profile.features if k.startswith("op_")})
     return pd.DataFrame(rows).to_csv(index=False)

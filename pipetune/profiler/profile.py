@@ -91,13 +91,19 @@ class EpochMeasurement:
         return self.samples / self.wall_s if self.wall_s > 0 else 0.0
 
     def cost(self, objective: str) -> float:
-        """Cost per sample under the system objective (``time``: s, ``energy``: J)."""
+        """Cost per sample under the system objective (``time``: s, ``energy``: J).
+
+        The profiler's own time is taken out, pro rata for energy: it is the price of
+        measuring, not of the system config, and only the profiled epoch pays much of it.
+        """
         if self.samples <= 0:
             return float("inf")
+        own = max(self.wall_s - self.overhead_s, 0.0)
         if objective == "time":
-            return self.wall_s / self.samples
+            return own / self.samples
         if objective == "energy":
-            return self.energy_j / self.samples
+            share = own / self.wall_s if self.wall_s > 0 else 1.0
+            return self.energy_j * share / self.samples
         raise ValueError(f"objective must be 'time' or 'energy', got {objective!r}")
 
     def to_dict(self) -> dict[str, Any]:

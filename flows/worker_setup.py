@@ -1,0 +1,37 @@
+"""Dask worker preload: warm a fresh worker process before it takes epochs.
+
+A new worker pays one-time costs on its first epoch: importing torch, Prefect's task
+engine and the workloads, the first optimiser step (which loads torch's compiler
+stack) and the first profiler trace. Paid inside epoch 1, they would be measured as
+the default config's cost and inflate every profile taken on a fresh worker. The
+embedded cluster lists this module in ``preload``; an existing cluster can use it with
+``dask worker --preload flows.worker_setup``.
+"""
+
+from __future__ import annotations
+
+
+def warm_up() -> None:
+    import prefect.task_engine  # noqa: F401 - imported for its side effect: loading
+    import torch
+
+    import pipetune.runner  # noqa: F401
+    from pipetune.profiler.opmix import OpMixRecorder
+    from pipetune.workloads import BUILTIN_WORKLOADS, resolve_workload
+
+    for name in BUILTIN_WORKLOADS:
+        resolve_workload(name)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    recorder = OpMixRecorder(1, 0, "cpu")
+    recorder.start()
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(torch.zeros(8, 4)).sum().backward()
+        optimizer.step()
+        recorder.step()
+    recorder.finish()
+
+
+def dask_setup(worker) -> None:  # the Dask preload hook
+    warm_up()
