@@ -34,7 +34,7 @@ def embedded_cluster_kwargs(workers: int | None = None) -> dict:
         "processes": True,
         "resources": {"cores": cores},
         "host": "127.0.0.1",
-        "dashboard_address": None,
+        "dashboard_address": "127.0.0.1:0",
         "env": env,
         "preload": ["flows.worker_setup"],
     }

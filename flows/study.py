@@ -26,7 +26,7 @@ from pipetune.home import pipetune_home
 from pipetune.progress import notify
 from pipetune.schedulers import Decision
 from pipetune.spec import JobSpec, load_spec
-from pipetune.study import Study
+from pipetune.study import Study, orchestration_overhead, overhead_summary
 from pipetune.tracking import StudyTracker, default_tracking_uri
 from tasks import decide_system, evaluate_checkpoint, lookup_groundtruth, train_epoch
 
@@ -113,6 +113,8 @@ def study_flow(
         notify(study)
         extra = _evaluate_best(study)
         wall_s = time.time() - started
+        timings = orchestration_overhead(study)
+        extra.update(overhead_summary(timings))
         tracker.finish(study, wall_s=wall_s, extra_metrics=extra)
     except BaseException:
         tracker.fail()
@@ -129,6 +131,8 @@ def study_flow(
         "best_params": summary.best_params,
         "best_system": summary.best_system.label() if summary.best_system else None,
         "energy_source": summary.energy_source,
+        **{k: v for k, v in extra.items() if k.startswith("orchestration_")},
+        "epoch_timings": timings,
         "trials_table": [
             {"trial": t.trial_id, "outcome": t.state, "epochs": t.epochs_run,
              "probe_epochs": t.probe_epochs, study.metric: t.last_value(study.metric),

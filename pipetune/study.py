@@ -466,3 +466,20 @@ def orchestration_overhead(study: Study) -> list[dict[str, float]]:
     for row in rows:
         row["overhead_s"] = row["round_trip_s"] + row["worker_extra_s"] + row["loop_gap_s"]
     return rows
+
+
+def overhead_summary(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Medians per epoch and the overhead's share of the epochs' critical path:
+    ``sum(overhead) / sum(overhead + compute)``."""
+    import statistics
+
+    if not rows:
+        return {}
+    overhead = sum(r["overhead_s"] for r in rows)
+    compute = sum(r["compute_s"] for r in rows)
+    out = {
+        f"orchestration_{key}_median": statistics.median(r[key] for r in rows)
+        for key in ("overhead_s", "round_trip_s", "worker_extra_s", "loop_gap_s")
+    }
+    out["orchestration_share"] = overhead / (overhead + compute) if overhead + compute else 0.0
+    return out
