@@ -44,7 +44,7 @@ def _quiet_defaults() -> None:
 
 def run_tune(args: argparse.Namespace) -> int:
     from pipetune.home import pipetune_home
-    from pipetune.prefect_server import LocalPrefectServer
+    from pipetune.prefect_server import prefect_api
     from pipetune.spec import load_spec
     from pipetune.tracking import default_tracking_uri, ensure_experiment
 
@@ -56,6 +56,13 @@ def run_tune(args: argparse.Namespace) -> int:
     tracking_uri = args.tracking_uri or default_tracking_uri()
     core_budget = None
     if args.dask_address:
+        if not os.environ.get("PREFECT_API_URL"):
+            raise SpecError(
+                "--dask-address",
+                "needs PREFECT_API_URL set, here and on the cluster's workers, to a Prefect "
+                "server they can all reach (e.g. `prefect server start --host 127.0.0.1`); "
+                "otherwise each worker records its task runs in a temporary server of its own",
+            )
         from flows.cluster import cluster_core_budget
 
         try:
@@ -63,13 +70,7 @@ def run_tune(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise PipetuneError(f"--dask-address: cannot reach {args.dask_address}: {exc}") from exc
 
-    server = None
-    if not os.environ.get("PREFECT_API_URL"):
-        log = pipetune_home() / "prefect-server.log"
-        print(f"starting a local Prefect server on 127.0.0.1 (log: {log}) ...", file=sys.stderr)
-        server = LocalPrefectServer(log_path=log).start()
-        os.environ["PREFECT_API_URL"] = server.api_url
-    try:
+    with prefect_api(pipetune_home() / "prefect-server.log") as server:
         ensure_experiment(tracking_uri)  # once, before any fan-out
         from flows.cluster import task_runner
         from flows.study import study_flow
@@ -88,10 +89,6 @@ def run_tune(args: argparse.Namespace) -> int:
         finally:
             remove_listener(display.update)
         _print_summary(summary, spec.objective.metric, os.environ["PREFECT_API_URL"], server)
-    finally:
-        if server is not None:
-            server.stop()
-            os.environ.pop("PREFECT_API_URL", None)
     return 0 if summary.get("trials_failed", 0) < summary.get("trials", 0) else 1
 
 
@@ -155,24 +152,20 @@ def _print_summary(summary: dict, metric: str, api_url: str, server) -> None:
                       row["system"], row["error"][:60])
     console.print(table)
     best = summary.get("best_value")
-    console.print(
-        f"best {metric}: {best:.4f} (trial {int(summary['best_trial'])}) "
-        f"params {summary['best_params']} system: {summary['best_system']}"
-        if best is not None else "no trial finished",
-        markup=False,
-    )
-    console.print(
-        f"tuning wall time {summary['tuning_wall_s']:.1f} s | epochs {int(summary['epochs_run'])}"
-        f" | probe epochs {int(summary['probe_epochs'])} | ground-truth hits "
-        f"{int(summary['groundtruth_hits'])}/{int(summary['groundtruth_lookups'])} | energy "
-        f"{summary['energy_j']:.1f} J ({summary['energy_source']})"
-    )
-    console.print(f"MLflow: run {summary['parent_run_id']} in {summary['tracking_uri']}")
-    console.print("  browse it with: pipetune ui"
-                  + ("" if summary["tracking_uri"].startswith("sqlite") else
-                     f" --tracking-uri {summary['tracking_uri']}"))
+    # Plain prints: ids and paths must not be wrapped or read as markup.
+    print(f"best {metric}: {best:.4f} (trial {int(summary['best_trial'])}) params "
+          f"{summary['best_params']} system: {summary['best_system']}"
+          if best is not None else "no trial finished")
+    print(f"tuning wall time {summary['tuning_wall_s']:.1f} s | epochs "
+          f"{int(summary['epochs_run'])} | probe epochs {int(summary['probe_epochs'])} | "
+          f"ground-truth hits {int(summary['groundtruth_hits'])}/"
+          f"{int(summary['groundtruth_lookups'])} | energy {summary['energy_j']:.1f} J "
+          f"({summary['energy_source']})")
+    print(f"MLflow: run {summary['parent_run_id']} in {summary['tracking_uri']}")
+    print("  browse it with: pipetune ui" + ("" if summary["tracking_uri"].startswith("sqlite")
+                                               else f" --tracking-uri {summary['tracking_uri']}"))
     if server is None:
-        console.print(f"Prefect: flow runs at {api_url.removesuffix('/api')}")
+        print(f"Prefect: flow runs at {api_url.removesuffix('/api')}")
 
 
 def _add_tune(subparsers: argparse._SubParsersAction) -> None:

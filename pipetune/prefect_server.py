@@ -6,6 +6,7 @@ the installed package, in its own process group, and talks HTTP to it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -14,6 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from pipetune.errors import PipetuneError
@@ -103,3 +105,21 @@ class LocalPrefectServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def prefect_api(log_path: str | Path | None = None) -> Iterator[LocalPrefectServer | None]:
+    """The Prefect API for one command: the one ``PREFECT_API_URL`` names if set, else a
+    :class:`LocalPrefectServer` started here (its URL exported for child processes, such
+    as Dask workers) and stopped on exit. Yields the server it started, or None."""
+    if os.environ.get("PREFECT_API_URL"):
+        yield None
+        return
+    print(f"starting a local Prefect server on 127.0.0.1 (log: {log_path}) ...", file=sys.stderr)
+    server = LocalPrefectServer(log_path=log_path).start()
+    os.environ["PREFECT_API_URL"] = server.api_url
+    try:
+        yield server
+    finally:
+        server.stop()
+        os.environ.pop("PREFECT_API_URL", None)

@@ -103,6 +103,33 @@ def test_tune_on_the_embedded_default_then_groundtruth_commands(tmp_path, job_fi
     assert "0 records" in run(["groundtruth", "list"], tmp_path, timeout=120).stdout
 
 
+def test_dask_address_without_a_shared_prefect_server_is_refused(tmp_path, job_file):
+    proc = run(["tune", str(job_file), "--dask-address", "tcp://127.0.0.1:8786"], tmp_path,
+               timeout=120)
+    assert proc.returncode == 2
+    assert "--dask-address" in proc.stderr and "PREFECT_API_URL" in proc.stderr
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.slow
+def test_tune_on_an_existing_dask_cluster(tmp_path, job_file, prefect_api_url):
+    import dask
+    from distributed import LocalCluster
+
+    # Workers started by hand, as on a real cluster: they get the API URL and the
+    # `cores` resource they advertise; the CLI runs against the scheduler's address.
+    with dask.config.set({"distributed.worker.daemon": False}), LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=True, resources={"cores": 2},
+        host="127.0.0.1", dashboard_address="127.0.0.1:0",
+    ) as cluster:
+        proc = run(["tune", str(job_file), "--trials", "1", "--dask-address",
+                    cluster.scheduler_address], tmp_path,
+                   env_extra={"PREFECT_API_URL": prefect_api_url})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "MLflow: run" in proc.stdout
+        assert f"flow runs at {prefect_api_url.removesuffix('/api')}" in proc.stdout
+
+
 def test_ui_without_a_store_says_what_to_do(tmp_path):
     proc = run(["ui"], tmp_path, timeout=60)
     assert proc.returncode == 2
