@@ -281,6 +281,9 @@ class StrategyResult:
     compute_s: float
     overhead_median_s: float
     study_run_id: str | None = None
+    #: The overhead split as :func:`pipetune.study.orchestration_overhead` splits it:
+    #: task round trip, worker-side rebuild + checkpoint I/O, loop gap between epochs.
+    overhead_parts_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def overhead_share(self) -> float:
@@ -331,6 +334,10 @@ def result_from_study(
         compute_s=sum(r["compute_s"] for r in rows),
         overhead_median_s=statistics.median(overheads) if overheads else math.nan,
         study_run_id=study_run_id,
+        overhead_parts_s={
+            part: sum(r[part] for r in rows if not math.isnan(r[part]))
+            for part in ("round_trip_s", "worker_extra_s", "loop_gap_s")
+        },
     )
 
 
@@ -472,6 +479,14 @@ class BenchResult:
                 worst < 0.05)
         return out
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BenchResult:
+        """Read back what :meth:`to_json` wrote (``table`` and ``targets`` are derived)."""
+        fields = {k: v for k, v in data.items() if k not in ("table", "targets")}
+        fields["strategies"] = [StrategyResult(**s) for s in data["strategies"]]
+        fields["oracle"] = [OracleRow(**o) for o in data.get("oracle", [])]
+        return cls(**fields)
+
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["table"] = self.table()
@@ -530,6 +545,19 @@ def markdown(bench: BenchResult) -> str:
                 oh=f"{row['overhead_share']:.1%}" if not math.isnan(row["overhead_share"]) else "-",
             )
         )
+    lines += ["", "Orchestration overhead (seconds summed over epochs; share = overhead / "
+              "(overhead + epoch compute)):", "",
+              "| strategy | epoch compute s | overhead s | median per epoch s | round trip s "
+              "| worker rebuild + checkpoint s | loop gap s | share |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for s in bench.strategies:
+        parts = s.overhead_parts_s
+        lines.append(
+            f"| {s.strategy} | {s.compute_s:.1f} | {s.overhead_s:.1f} | "
+            f"{_fmt(s.overhead_median_s)} | {_fmt(parts.get('round_trip_s'), 1)} | "
+            f"{_fmt(parts.get('worker_extra_s'), 1)} | {_fmt(parts.get('loop_gap_s'), 1)} | "
+            + (f"{s.overhead_share:.1%} |" if not math.isnan(s.overhead_share) else "- |")
+        )
     if bench.oracle:
         lines += ["", f"Oracle: params {json.dumps(bench.oracle_params, sort_keys=True)}, "
                   f"each config alone for the full epochs"
@@ -576,12 +604,14 @@ def metric_time_figure(bench: BenchResult):
 
     fig = Figure(figsize=(6, 4))
     ax = fig.add_subplot()
-    for s in bench.strategies:
-        if s.best_value is None:
-            continue
+    scored = sorted((s for s in bench.strategies if s.best_value is not None),
+                    key=lambda s: s.tuning_wall_s)
+    for i, s in enumerate(scored):
         ax.scatter([s.tuning_wall_s], [s.best_value], s=40)
+        # Strategies often reach the same metric: stagger the labels so they stay legible.
         ax.annotate(s.strategy, (s.tuning_wall_s, s.best_value), fontsize=8,
-                    xytext=(4, 4), textcoords="offset points")
+                    xytext=(4, 6 + 11 * (i % 4) if i % 2 == 0 else -12 - 11 * (i % 4)),
+                    textcoords="offset points")
     ax.set_xlabel("tuning wall time (s)")
     ax.set_ylabel(f"best {bench.metric}")
     ax.set_title(f"{bench.job}: best {bench.metric} vs tuning time")

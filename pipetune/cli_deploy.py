@@ -29,13 +29,11 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.limit < 1:
         raise SpecError("--limit", f"must be an integer >= 1, got {args.limit}")
     _quiet_defaults()
-    from deployments.serve import PREFECT_FILE, load_declarations, select, serve_deployments
+    from deployments.serve import load_declarations, select, serve_deployments
 
-    chosen = select(load_declarations(), args.names)  # a bad name fails before Prefect
-    print(f"serving {', '.join(d['name'] for d in chosen)} from {PREFECT_FILE} "
-          f"(at most {args.limit} run(s) at once); Ctrl-C stops", file=sys.stderr)
+    select(load_declarations(), args.names)  # a bad name fails before Prefect loads
     try:
-        serve_deployments(args.names, limit=args.limit)
+        serve_deployments(args.names, limit=args.limit, replace=args.replace)
     except KeyboardInterrupt:
         return 0
     return 0
@@ -53,6 +51,9 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, default=1,
                    help="flow runs executed at once (default 1: each study uses the "
                    "whole machine)")
+    p.add_argument("--replace", action="store_true",
+                   help="re-register deployments of the same names that `prefect deploy` put "
+                   "on a work pool (their past runs stay)")
     p.set_defaults(run=run_serve)
 
 

@@ -79,8 +79,8 @@ def test_tune_on_the_embedded_default_then_groundtruth_commands(tmp_path, job_fi
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "MLflow: run" in out and "pipetune ui" in out
-    assert "probe epochs 2" in out  # trial 0 probed both candidates, trial 1 matched it
-    assert "ground-truth hits 1/2" in out
+    assert "probe epochs 2" in out, out  # trial 0 probed both candidates, trial 1 matched it
+    assert "ground-truth hits 1/2" in out, out
 
     from mlflow.tracking import MlflowClient
 
