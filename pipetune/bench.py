@@ -12,8 +12,9 @@ Strategies, all with the job's hyperparameter space, trial budget and seeds:
                    all of the machine's cores, one trial at a time (a framework default)
 ``v1-one-core``    hyperparameters only; one core per trial, as many trials at once as
                    the machine has cores (Ray Tune's default)
-``v2``             joint tuning: each knob of ``system.space`` (plus the default's value)
-                   becomes a ``system.<knob>`` choice of the hyperparameter space
+``v2``             joint tuning: each knob of ``system.space`` becomes a ``system.<knob>``
+                   choice of the hyperparameter space, over :func:`system_axes` (the
+                   space's values plus the default's, and for ``cores`` also 1 and all)
 ``pipetune-cold``  the job as written, PipeTune on, with an empty ground truth
 ``pipetune-warm``  the same again, with the ground truth the cold run left
 ``oracle``         the best hyperparameter config found, trained for the full epochs
@@ -26,7 +27,7 @@ the job is validated)::
     bench:
       datasets: ../../../shared/datasets   # data root, relative to this file
       fallback: {dataset: digits, train_samples: 1200, val_samples: 400}
-      quick: {trials: 8, max_epochs: 3, workload_params: {train_samples: 1000}}
+      quick: {trials: 4, max_epochs: 3, workload_params: {train_samples: 600}}
 
 Relative ``workload.params.data_dir`` / ``path`` values are resolved against the data
 root: ``$PIPETUNE_DATASETS`` when set, else ``bench.datasets`` relative to the job
@@ -316,7 +317,7 @@ def result_from_study(
         under = [r.measurement.wall_s for r in best.results if r.system == best.final_system]
         epoch_s = statistics.fmean(under) if under else None
     rows = orchestration_overhead(study)
-    overheads = [max(0.0, r["overhead_s"]) for r in rows if not math.isnan(r["overhead_s"])]
+    overheads = [r["overhead_s"] for r in rows if not math.isnan(r["overhead_s"])]
     return StrategyResult(
         strategy=strategy,
         tuning_wall_s=float(wall_s),
@@ -460,8 +461,9 @@ class BenchResult:
                 continue
             ref = max(v1_best) if self.mode == "max" else min(v1_best)
             gap = (ref - s.best_value) * scale * (1 if self.mode == "max" else -1)
+            side = "below" if gap > 0 else "above"
             add(f"{s.strategy} best {self.metric} within 0.5 points of V1",
-                f"{gap:+.2f} points below", gap <= 0.5)
+                f"{abs(gap):.2f} points {side} V1's best", gap <= 0.5)
         for s in (cold, warm):
             train, oracle = (self.training_s(s.strategy) if s else None), self.oracle_best_s
             if s is None:
@@ -604,14 +606,14 @@ def metric_time_figure(bench: BenchResult):
 
     fig = Figure(figsize=(6, 4))
     ax = fig.add_subplot()
-    scored = sorted((s for s in bench.strategies if s.best_value is not None),
-                    key=lambda s: s.tuning_wall_s)
-    for i, s in enumerate(scored):
-        ax.scatter([s.tuning_wall_s], [s.best_value], s=40)
-        # Strategies often reach the same metric: stagger the labels so they stay legible.
-        ax.annotate(s.strategy, (s.tuning_wall_s, s.best_value), fontsize=8,
-                    xytext=(4, 6 + 11 * (i % 4) if i % 2 == 0 else -12 - 11 * (i % 4)),
-                    textcoords="offset points")
+    markers = "osD^v<>"
+    for i, s in enumerate(bench.strategies):
+        if s.best_value is not None:
+            # A legend, not labels: strategies often reach the same metric at similar times.
+            ax.scatter([s.tuning_wall_s], [s.best_value], s=50, marker=markers[i % len(markers)],
+                       label=s.strategy, alpha=0.8)
+    if ax.collections:
+        ax.legend(fontsize=8, loc="best")
     ax.set_xlabel("tuning wall time (s)")
     ax.set_ylabel(f"best {bench.metric}")
     ax.set_title(f"{bench.job}: best {bench.metric} vs tuning time")

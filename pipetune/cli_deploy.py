@@ -81,7 +81,6 @@ def run_stream(args: argparse.Namespace) -> int:
     for path in dict.fromkeys(job_files):
         load_spec(path)  # a bad job file fails here, before anything is submitted
     _quiet_defaults()
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     from deployments.serve import require_api_url
     from flows.stream import stream_flow
 

@@ -1,0 +1,152 @@
+"""The bench driver: each strategy of :mod:`pipetune.bench` as one real study flow.
+
+Every strategy runs :func:`flows.study.study_flow` (its own flow run, its own
+embedded Dask cluster, its own MLflow study run), one after the other, so the
+strategies see the same machine in turn. The driver captures each study's engine
+through the progress listener (the flow runs in this process) to read the per-epoch
+figures the flow's summary does not return: orchestration overhead, the epoch times
+of the best trial, the oracle's per-config training times.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pipetune.bench import (
+    GROUNDTRUTH_USE,
+    ORACLE,
+    STRATEGIES,
+    BenchJob,
+    BenchResult,
+    BenchTracker,
+    StrategyResult,
+    best_params_overall,
+    machine_description,
+    oracle_rows,
+    oracle_spec,
+    result_from_study,
+    strategy_spec,
+    write_report,
+)
+from pipetune.progress import add_listener, remove_listener
+from pipetune.spec import JobSpec
+from pipetune.system.config import MachineInfo
+
+
+def _say(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def run_study(
+    spec: JobSpec,
+    *,
+    name: str,
+    tracking_uri: str,
+    checkpoint_root: str,
+    groundtruth_path: str,
+    task_runner_factory: Callable[[], Any] | None = None,
+) -> tuple[dict[str, Any], Any]:
+    """Run one study flow; return its summary and the engine it drove."""
+    from flows.cluster import task_runner
+    from flows.study import study_flow
+
+    seen: list[Any] = []
+
+    def capture(study: Any) -> None:
+        if not seen or seen[-1] is not study:
+            seen.append(study)
+
+    add_listener(capture)
+    try:
+        runner = (task_runner_factory or task_runner)()
+        summary = study_flow.with_options(task_runner=runner, flow_run_name=f"bench-{name}")(
+            job=spec.to_dict(),
+            tracking_uri=tracking_uri,
+            checkpoint_root=checkpoint_root,
+            groundtruth_path=groundtruth_path,
+        )
+    finally:
+        remove_listener(capture)
+    study = next((s for s in seen if s.study_id == summary["study_id"]), None)
+    if study is None:
+        raise RuntimeError(f"study {summary['study_id']} ran but its engine was not seen")
+    return summary, study
+
+
+def run_bench(
+    job: BenchJob,
+    *,
+    out_dir: str | Path,
+    tracking_uri: str,
+    command: str,
+    strategies: Sequence[str] = STRATEGIES,
+    oracle: bool = True,
+    task_runner_factory: Callable[[], Any] | None = None,
+    machine: MachineInfo | None = None,
+) -> tuple[BenchResult, dict[str, Path]]:
+    """Run ``strategies`` (then the oracle) on ``job``; write the report to ``out_dir``
+    and the bench to MLflow. Returns the result and the report's paths."""
+    machine = machine or MachineInfo.detect()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoints = out / "checkpoints"
+    groundtruth = out / "groundtruth.json"
+    tracker = BenchTracker(tracking_uri, job, command=command)
+    started = time.time()
+    results: list[StrategyResult] = []
+    bench = BenchResult(
+        job=job.spec.name, metric=str(job.spec.objective.metric), mode=job.spec.objective.mode,
+        data=job.data, quick=job.quick, machine=machine_description(machine), command=command,
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), strategies=results,
+        bench_run_id=tracker.run_id,
+    )
+    try:
+        for name in strategies:
+            spec = strategy_spec(name, job.spec, machine)
+            if GROUNDTRUTH_USE[name] == "fresh" and groundtruth.exists():
+                groundtruth.unlink()
+            _say(f"{name}: {spec.search.trials} trials, default [{spec.system.default.label()}],"
+                 f" max_concurrent {spec.search.max_concurrent}, pipetune "
+                 f"{'on' if spec.pipetune.enabled else 'off'}")
+            summary, study = run_study(
+                spec, name=name, tracking_uri=tracking_uri,
+                checkpoint_root=str(checkpoints), groundtruth_path=str(groundtruth),
+                task_runner_factory=task_runner_factory,
+            )
+            result = result_from_study(name, study, summary["tuning_wall_s"],
+                                       summary["parent_run_id"])
+            results.append(result)
+            tracker.log_strategy(result, spec)
+            _say(f"{name}: {result.tuning_wall_s:.1f} s, best {result.best_value}, "
+                 f"{result.epochs_run} epochs ({result.probe_epochs} probes), "
+                 f"system [{result.chosen_system}]")
+            shutil.rmtree(checkpoints, ignore_errors=True)
+        params = best_params_overall(results, job.spec.objective.mode)
+        if oracle and params is not None:
+            spec = oracle_spec(job.spec, params, machine)
+            _say(f"oracle: {params} under {spec.search.trials} system configs")
+            o_started = time.time()
+            summary, study = run_study(
+                spec, name=ORACLE, tracking_uri=tracking_uri,
+                checkpoint_root=str(checkpoints), groundtruth_path=str(groundtruth),
+                task_runner_factory=task_runner_factory,
+            )
+            bench.oracle = oracle_rows(study)
+            bench.oracle_params = params
+            bench.oracle_wall_s = time.time() - o_started
+            tracker.client.set_tag(summary["parent_run_id"], "pipetune.bench_run_id",
+                                   tracker.run_id)
+            tracker.client.set_tag(summary["parent_run_id"], "pipetune.bench_strategy", ORACLE)
+            shutil.rmtree(checkpoints, ignore_errors=True)
+        bench.bench_wall_s = time.time() - started
+        paths = write_report(bench, out)
+        tracker.finish(bench, paths)
+    except BaseException:
+        tracker.fail()
+        raise
+    return bench, paths

@@ -1,0 +1,328 @@
+"""``pipetune bench``: strategies as job-spec transformations, the oracle plan, the
+results table and its ratios, the report; one real bench on the synthetic workload."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipetune.bench import (
+    STRATEGIES,
+    BenchResult,
+    StrategyResult,
+    best_params_overall,
+    load_bench_job,
+    markdown,
+    oracle_rows,
+    oracle_spec,
+    result_from_study,
+    strategy_spec,
+    system_axes,
+    write_report,
+)
+from pipetune.checkpoints import CheckpointStore
+from pipetune.errors import SpecError
+from pipetune.groundtruth import GroundTruth
+from pipetune.searchers import make_searcher
+from pipetune.spec import JobSpec
+from pipetune.study import Study, run_study_locally
+from pipetune.system.config import MachineInfo, SystemConfig
+
+MACHINE = MachineInfo(cores=2)
+REPO = Path(__file__).resolve().parents[1]
+
+# interop_threads=1 costs 0.04 s per epoch, so the fastest config has interop 2.
+JOB = {
+    "name": "bench-test",
+    "workload": {
+        "name": "synthetic",
+        "params": {"train_samples": 64, "val_samples": 32,
+                   "cost_by_knob": {"interop_threads": {"1": 0.04}}},
+    },
+    "hyperparameters": {"lr": {"type": "loguniform", "low": 0.01, "high": 0.1},
+                        "hidden": {"type": "choice", "values": [8, 16]}},
+    "system": {"default": {"cores": 1, "interop_threads": 1, "dataloader_workers": 0},
+               "space": {"interop_threads": [1, 2]}},
+    "search": {"algorithm": "random", "trials": 3, "seed": 3, "max_concurrent": 2},
+    "early_stopping": {"policy": "none", "max_epochs": 3},
+    "objective": {"metric": "accuracy", "mode": "max", "system": "time"},
+}
+
+
+@pytest.fixture(scope="module")
+def base() -> JobSpec:
+    return JobSpec.from_dict(JOB, machine=MACHINE)
+
+
+# -- strategies ---------------------------------------------------------------------------
+
+
+def test_v1_strategies_fix_the_system_config_and_turn_pipetune_off(base):
+    v1 = strategy_spec("v1-default", base, MACHINE)
+    assert not v1.pipetune.enabled
+    assert v1.system.default == SystemConfig(cores=2)
+    assert v1.search.max_concurrent == 1
+    one = strategy_spec("v1-one-core", base, MACHINE)
+    assert not one.pipetune.enabled
+    assert one.system.default == SystemConfig(cores=1)
+    assert one.search.max_concurrent == 2
+    for spec in (v1, one):  # same budget, seeds and space as the job
+        assert spec.search.trials == base.search.trials
+        assert spec.search.seed == base.search.seed
+        assert spec.hyperparameters == base.hyperparameters
+
+
+def test_v2_adds_every_system_knob_of_the_space_to_the_hyperparameters(base):
+    v2 = strategy_spec("v2", base, MACHINE)
+    assert not v2.pipetune.enabled
+    assert v2.hyperparameters["system.interop_threads"].values == (1, 2)
+    assert "system.cores" not in v2.hyperparameters  # cores is not in the job's space
+    assert {k: v for k, v in v2.hyperparameters.items() if not k.startswith("system.")} \
+        == base.hyperparameters
+
+
+def test_pipetune_strategies_run_the_job_as_written(base):
+    off = JobSpec.from_dict({**JOB, "pipetune": {"enabled": False}}, machine=MACHINE)
+    for name in ("pipetune-cold", "pipetune-warm"):
+        spec = strategy_spec(name, off, MACHINE)
+        assert spec.pipetune.enabled
+        assert spec.system == base.system
+
+
+def test_an_unknown_strategy_is_a_spec_error(base):
+    with pytest.raises(SpecError) as e:
+        strategy_spec("v3", base, MACHINE)
+    assert e.value.field == "strategy" and "pipetune-cold" in str(e.value)
+
+
+def test_oracle_plan_is_every_system_config_for_one_param_set(base):
+    params = {"lr": 0.05, "hidden": 16, "system.interop_threads": 2}
+    spec = oracle_spec(base, params, MACHINE)
+    assert system_axes(base, MACHINE) == {"cores": [1, 2], "interop_threads": [1, 2]}
+    assert spec.search.algorithm == "grid" and spec.search.max_concurrent == 1
+    assert spec.early_stopping.policy == "none" and spec.early_stopping.max_epochs == 3
+    searcher = make_searcher("grid", spec.hyperparameters, seed=0)
+    planned = []
+    while (s := searcher.ask()) is not None:
+        planned.append(s.params)
+    assert len(planned) == spec.search.trials == 4
+    assert all(p["lr"] == 0.05 and p["hidden"] == 16 for p in planned)
+    assert {(p["system.cores"], p["system.interop_threads"]) for p in planned} == {
+        (1, 1), (1, 2), (2, 1), (2, 2)}
+
+
+# -- bench job files ----------------------------------------------------------------------
+
+
+def _job_file(tmp_path: Path, bench: dict, params: dict) -> Path:
+    data = {**JOB, "bench": bench, "workload": {"name": "textcnn", "params": params},
+            "hyperparameters": {"lr": {"type": "loguniform", "low": 0.001, "high": 0.01}}}
+    path = tmp_path / "jobs" / "job.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_relative_data_paths_resolve_against_the_data_root(tmp_path, monkeypatch):
+    monkeypatch.delenv("PIPETUNE_DATASETS", raising=False)
+    csv = tmp_path / "data" / "ag_news" / "test.csv"
+    csv.parent.mkdir(parents=True)
+    csv.write_text("label,title,description\n1,a,b\n")
+    path = _job_file(tmp_path, {"datasets": "../data", "fallback": {"dataset": "bundled"}},
+                     {"dataset": "ag_news", "path": "ag_news/test.csv"})
+    job = load_bench_job(path, machine=MACHINE)
+    assert job.spec.workload.params["path"] == str(csv)
+    assert "fallback" not in job.data and str(csv) in job.data
+    monkeypatch.setenv("PIPETUNE_DATASETS", str(tmp_path / "elsewhere"))
+    moved = load_bench_job(path, machine=MACHINE)
+    assert moved.spec.workload.params == {"dataset": "bundled"}
+    assert "fallback" in moved.data
+
+
+def test_missing_data_falls_back_to_the_embedded_dataset(tmp_path):
+    path = _job_file(
+        tmp_path, {"datasets": "../nowhere",
+                   "fallback": {"dataset": "bundled", "train_samples": 100}},
+        {"dataset": "ag_news", "path": "ag_news/test.csv", "max_len": 20})
+    job = load_bench_job(path, machine=MACHINE)
+    assert job.spec.workload.params == {"dataset": "bundled", "train_samples": 100,
+                                        "max_len": 20}
+    assert "ag_news/test.csv not found" in job.data
+
+
+def test_missing_data_without_a_fallback_names_the_field(tmp_path):
+    path = _job_file(tmp_path, {"datasets": "../nowhere"},
+                     {"dataset": "ag_news", "path": "ag_news/test.csv"})
+    with pytest.raises(SpecError) as e:
+        load_bench_job(path, machine=MACHINE)
+    assert e.value.field == "workload.params.path"
+
+
+def test_unknown_bench_fields_are_spec_errors(tmp_path):
+    path = _job_file(tmp_path, {"dataset": "x"}, {"dataset": "bundled"})
+    with pytest.raises(SpecError) as e:
+        load_bench_job(path, machine=MACHINE)
+    assert e.value.field == "bench.dataset"
+    path = _job_file(tmp_path, {"quick": {"epochs": 2}}, {"dataset": "bundled"})
+    with pytest.raises(SpecError) as e:
+        load_bench_job(path, quick=True, machine=MACHINE)
+    assert e.value.field == "bench.quick.epochs"
+
+
+def test_quick_applies_the_quick_section(tmp_path):
+    path = _job_file(tmp_path, {"quick": {"trials": 2, "max_epochs": 2,
+                                          "workload_params": {"train_samples": 50}}},
+                     {"dataset": "bundled", "train_samples": 400})
+    full, quick = load_bench_job(path, machine=MACHINE), load_bench_job(path, quick=True,
+                                                                        machine=MACHINE)
+    assert (full.spec.search.trials, full.spec.early_stopping.max_epochs) == (3, 3)
+    assert (quick.spec.search.trials, quick.spec.early_stopping.max_epochs) == (2, 2)
+    assert quick.spec.workload.params["train_samples"] == 50 and quick.quick
+
+
+@pytest.mark.parametrize("name", ["lenet_mnist.yaml", "textcnn_agnews.yaml"])
+def test_shipped_bench_jobs_are_valid_and_sized(name, tmp_path):
+    path = REPO / "benchmarks" / "jobs" / name
+    for datasets in (None, tmp_path / "absent"):
+        job = load_bench_job(path, datasets=datasets)
+        assert job.spec.search.trials >= 8 and job.spec.early_stopping.max_epochs >= 3
+        assert job.spec.pipetune.enabled
+        for strategy in STRATEGIES:
+            strategy_spec(strategy, job.spec, MachineInfo.detect())
+    assert "fallback" in job.data
+
+
+# -- results and report -------------------------------------------------------------------
+
+
+def _run(spec: JobSpec, tmp_path: Path, gt: GroundTruth | None = None) -> Study:
+    study = Study(spec, study_id=f"s-{len(list(tmp_path.iterdir()))}",
+                  checkpoints=CheckpointStore(str(tmp_path / "ckpt")), ground_truth=gt,
+                  core_budget=2, machine=MACHINE)
+    return run_study_locally(study)
+
+
+@pytest.fixture(scope="module")
+def bench(base, tmp_path_factory) -> BenchResult:
+    tmp = tmp_path_factory.mktemp("bench")
+    gt = GroundTruth(str(tmp / "gt.json"))
+    results = []
+    for i, name in enumerate(("v1-default", "pipetune-cold")):
+        spec = strategy_spec(name, base, MACHINE)
+        study = _run(spec, tmp, gt if spec.pipetune.enabled else None)
+        results.append(result_from_study(name, study, wall_s=10.0 + 10 * i,
+                                         study_run_id=f"run-{i}"))
+    params = best_params_overall(results, "max")
+    oracle = _run(oracle_spec(base, params, MACHINE), tmp)
+    return BenchResult(
+        job="bench-test", metric="accuracy", mode="max", data="blobs", quick=True,
+        machine="test", command="pipetune bench job.yaml", date="today", strategies=results,
+        oracle=oracle_rows(oracle), oracle_params=params,
+    )
+
+
+def test_results_come_from_the_studies(bench):
+    v1, cold = bench.get("v1-default"), bench.get("pipetune-cold")
+    assert v1.epochs_run == cold.epochs_run == 9
+    assert v1.probe_epochs == 0 and cold.probe_epochs >= 1
+    assert v1.chosen_system == "cores=2 interop=1 workers=0"
+    assert cold.energy_source == "estimate" and cold.energy_j > 0
+    assert 0.0 <= cold.overhead_share < 1.0
+
+
+def test_oracle_rows_rank_the_planted_fastest_config_first(bench):
+    assert len(bench.oracle) == 4
+    assert [o.train_s for o in bench.oracle] == sorted(o.train_s for o in bench.oracle)
+    assert "interop=2" in bench.oracle[0].system  # interop 1 sleeps 0.04 s per epoch
+
+
+def test_ratios_are_against_v1_default_and_the_oracle(bench):
+    rows = {r["strategy"]: r for r in bench.table()}
+    assert rows["v1-default"]["tuning_vs_v1"] == 1.0
+    assert rows["pipetune-cold"]["tuning_vs_v1"] == pytest.approx(20.0 / 10.0)
+    train = bench.training_s("pipetune-cold")
+    assert train is not None
+    assert rows["pipetune-cold"]["train_vs_oracle"] == pytest.approx(train / bench.oracle_best_s)
+    assert rows["pipetune-cold"]["train_vs_v1"] == pytest.approx(
+        train / bench.training_s("v1-default"))
+    targets = {t["target"]: t for t in bench.targets()}
+    cold_time = targets["PipeTune cold tuning time <= 0.8 x V1-default"]
+    assert cold_time["met"] == "NO" and cold_time["measured"] == "2.00 x"
+
+
+def test_a_strategy_missing_from_the_oracle_has_no_ratio(bench):
+    lost = StrategyResult(**{**bench.get("v1-default").__dict__, "strategy": "v2",
+                             "chosen_system": "cores=9 interop=1 workers=0"})
+    other = BenchResult(**{**bench.__dict__, "strategies": [*bench.strategies, lost]})
+    row = next(r for r in other.table() if r["strategy"] == "v2")
+    assert row["train_s"] is None and math.isnan(row["train_vs_oracle"])
+
+
+def test_report_writes_markdown_json_and_pictures(bench, tmp_path):
+    paths = write_report(bench, tmp_path / "out")
+    text = paths["markdown"].read_text()
+    assert text == markdown(bench)
+    for name in ("v1-default", "pipetune-cold", "| target | measured | met |"):
+        assert name in text
+    data = json.loads(paths["json"].read_text())
+    assert [r["strategy"] for r in data["table"]] == ["v1-default", "pipetune-cold"]
+    for kind in ("tuning_time", "metric_vs_time"):
+        assert paths[kind].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_rejects_an_unknown_strategy_before_starting_anything(capsys):
+    from pipetune.cli import main
+
+    code = main(["bench", str(REPO / "benchmarks/jobs/lenet_mnist.yaml"), "--strategies", "v9"])
+    assert code == 2
+    assert "--strategies" in capsys.readouterr().err
+
+
+# -- one real bench -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_real_bench_on_prefect_dask_and_mlflow(prefect_api_url, tmp_path):
+    import dask
+    from distributed import LocalCluster
+    from mlflow.tracking import MlflowClient
+    from prefect_dask import DaskTaskRunner
+
+    from flows.bench import run_bench
+    from pipetune.bench import BenchJob
+    from pipetune.tracking import ensure_experiment
+
+    job = {**JOB, "search": {**JOB["search"], "trials": 2}}
+    spec = JobSpec.from_dict(job)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ensure_experiment(uri)
+    with dask.config.set({"distributed.worker.daemon": False}):
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                               resources={"cores": 2}, host="127.0.0.1", dashboard_address=None)
+    try:
+        result, paths = run_bench(
+            BenchJob(spec=spec, path="job.yaml", data="blobs", quick=True),
+            out_dir=tmp_path / "out", tracking_uri=uri, command="test",
+            task_runner_factory=lambda: DaskTaskRunner(address=cluster.scheduler_address),
+        )
+    finally:
+        cluster.close()
+    assert [s.strategy for s in result.strategies] == list(STRATEGIES)
+    assert len(result.oracle) == 4
+    warm = result.get("pipetune-warm")
+    assert warm.groundtruth_hits == 2 and warm.probe_epochs == 0
+    client = MlflowClient(uri)
+    parent = client.get_run(result.bench_run_id)
+    assert parent.info.status == "FINISHED"
+    assert "pipetune-cold.tuning_vs_v1" in parent.data.metrics
+    kids = client.search_runs([parent.info.experiment_id],
+                              f"tags.mlflow.parentRunId = '{result.bench_run_id}'")
+    assert {k.data.tags["pipetune.strategy"] for k in kids} == set(STRATEGIES)
+    for kid in kids:
+        study_run = client.get_run(kid.data.tags["pipetune.study_run_id"])
+        assert study_run.data.tags["pipetune.bench_run_id"] == result.bench_run_id
+    assert paths["markdown"].exists()
