@@ -4,6 +4,7 @@ MLflow store, and nothing phones home. Set before Prefect or MLflow is imported.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -40,8 +41,19 @@ def prefect_api_url():
 
     server = LocalPrefectServer(log_path=_RUN_DIR / "prefect-server.log").start()
     os.environ["PREFECT_API_URL"] = server.api_url
+    _refresh_prefect_settings()
     try:
         yield server.api_url
     finally:
         os.environ.pop("PREFECT_API_URL", None)
+        _refresh_prefect_settings()
         server.stop()
+
+
+def _refresh_prefect_settings() -> None:
+    """Prefect reads its settings once, at import: a test that imported it before this
+    fixture set PREFECT_API_URL would otherwise keep talking to a throwaway server."""
+    if "prefect.context" in sys.modules:
+        from prefect.context import refresh_global_settings_context
+
+        refresh_global_settings_context()
