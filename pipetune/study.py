@@ -169,8 +169,9 @@ class Study:
         self._queue: deque[EpochTask] = deque()
         self._in_flight: dict[tuple[int, int], EpochTask] = {}
         self._searcher_exhausted = False
-        #: (trial, epoch) -> [handed out, reported back] wall-clock times, for the
+        #: (trial, epoch) -> [ready, handed out, reported back] wall-clock times, for the
         #: orchestration-overhead figures (what happens around an epoch's own work).
+        #: Ready -> handed out is the wait for free cores, not overhead.
         self.epoch_times: dict[tuple[int, int], list[float]] = {}
 
     # -- what to run ----------------------------------------------------------------
@@ -200,7 +201,12 @@ class Study:
         self.trials[trial.trial_id] = trial
         decision = self.decide(trial.trial_id)
         trial.decisions.append(decision)
-        return self._epoch_task(trial, decision)
+        return self._mark_ready(self._epoch_task(trial, decision))
+
+    def _mark_ready(self, task: EpochTask) -> EpochTask:
+        now = time.time()
+        self.epoch_times[(task.trial_id, task.epoch)] = [now, math.nan, math.nan]
+        return task
 
     def _epoch_task(self, trial: Trial, decision: TuningDecision) -> EpochTask:
         epoch = trial.epochs_run + 1
@@ -260,7 +266,8 @@ class Study:
         now = time.time()
         for task in out:
             self._in_flight[(task.trial_id, task.epoch)] = task
-            self.epoch_times[(task.trial_id, task.epoch)] = [now, math.nan]
+            times = self.epoch_times.setdefault((task.trial_id, task.epoch), [now, now, math.nan])
+            times[1] = now
         return out
 
     @property
@@ -281,7 +288,7 @@ class Study:
         """Record a finished epoch; return whether the trial goes on (the scheduler's call)."""
         self._in_flight.pop((result.trial_id, result.epoch), None)
         if (result.trial_id, result.epoch) in self.epoch_times:
-            self.epoch_times[(result.trial_id, result.epoch)][1] = time.time()
+            self.epoch_times[(result.trial_id, result.epoch)][2] = time.time()
         trial = self.trials[result.trial_id]
         trial.results.append(result)
         trial.history.append(
@@ -344,7 +351,7 @@ class Study:
         trial.decisions.append(decision)
         if decision.record is not None and decision.record_cost is not None:
             self._record(trial, decision.record, decision.record_cost)
-        task = self._epoch_task(trial, decision)
+        task = self._mark_ready(self._epoch_task(trial, decision))
         self._queue.append(task)
         return task
 
@@ -446,13 +453,15 @@ def orchestration_overhead(study: Study) -> list[dict[str, float]]:
     ``round_trip_s``: handed to the executor -> result back in the loop, minus the
     time the worker spent on the epoch (task submission, scheduling, state updates,
     result transfer). ``worker_extra_s``: workload rebuild + checkpoint load and save.
-    ``loop_gap_s``: result back -> the trial's next epoch handed out (ground-truth
-    lookup, tuning decision, tracking). ``compute_s``: training + evaluation.
+    ``loop_gap_s``: result back -> the trial's next epoch ready (ground-truth lookup,
+    tuning decision, tracking). ``compute_s``: training + evaluation. ``core_wait_s``
+    (not overhead): ready -> handed out, waiting for the cores its config reserves.
     """
     rows = []
     for trial in study.trials.values():
         for i, r in enumerate(trial.results):
-            handed, back = study.epoch_times.get((r.trial_id, r.epoch), (math.nan, math.nan))
+            ready, handed, back = study.epoch_times.get(
+                (r.trial_id, r.epoch), (math.nan, math.nan, math.nan))
             nxt = study.epoch_times.get((r.trial_id, r.epoch + 1))
             worker_s = r.finished - r.started
             rows.append({
@@ -462,6 +471,7 @@ def orchestration_overhead(study: Study) -> list[dict[str, float]]:
                 "round_trip_s": (back - handed) - worker_s,
                 "worker_extra_s": r.setup_s + r.checkpoint_s,
                 "loop_gap_s": (nxt[0] - back) if nxt and i + 1 < len(trial.results) else 0.0,
+                "core_wait_s": handed - ready,
             })
     for row in rows:
         row["overhead_s"] = row["round_trip_s"] + row["worker_extra_s"] + row["loop_gap_s"]
@@ -479,7 +489,7 @@ def overhead_summary(rows: list[dict[str, float]]) -> dict[str, float]:
     compute = sum(r["compute_s"] for r in rows)
     out = {
         f"orchestration_{key}_median": statistics.median(r[key] for r in rows)
-        for key in ("overhead_s", "round_trip_s", "worker_extra_s", "loop_gap_s")
+        for key in ("overhead_s", "round_trip_s", "worker_extra_s", "loop_gap_s", "core_wait_s")
     }
     out["orchestration_share"] = overhead / (overhead + compute) if overhead + compute else 0.0
     return out
