@@ -14,6 +14,7 @@ Checks that need the world: the workload name must resolve (and its ``metrics`` 
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,6 +29,7 @@ from pydantic import (
     PlainValidator,
     ValidationError,
     ValidationInfo,
+    field_validator,
     model_validator,
 )
 
@@ -95,6 +97,16 @@ class WorkloadSpec(_Section):
 
     name: str = Field(min_length=1)
     params: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("params")
+    @classmethod
+    def _json_params(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # Params travel as JSON (Prefect parameters, MLflow, Dask), where mapping keys are
+        # strings: normalise once here so a spec equals itself after a round trip.
+        try:
+            return json.loads(json.dumps(value))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"must be plain JSON values (numbers, strings, lists, maps): {e}") from None
 
     def resolve(self) -> type:
         """The :class:`~pipetune.workloads.Workload` subclass ``name`` refers to."""

@@ -54,8 +54,8 @@ def spec_error(data: dict, machine: MachineInfo = TWO_CORES) -> SpecError:
 # -- valid specs ------------------------------------------------------------------------
 
 
-def test_there_are_two_examples():
-    assert {p.name for p in EXAMPLES} == {"lenet_digits.yaml", "textcnn_news.yaml"}
+def test_the_two_main_examples_ship():
+    assert {"lenet_digits.yaml", "textcnn_news.yaml"} <= {p.name for p in EXAMPLES}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
