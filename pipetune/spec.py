@@ -106,7 +106,9 @@ class WorkloadSpec(_Section):
         try:
             return json.loads(json.dumps(value))
         except (TypeError, ValueError) as e:
-            raise ValueError(f"must be plain JSON values (numbers, strings, lists, maps): {e}") from None
+            raise ValueError(
+                f"must be plain JSON values (numbers, strings, lists, maps): {e}"
+            ) from None
 
     def resolve(self) -> type:
         """The :class:`~pipetune.workloads.Workload` subclass ``name`` refers to."""

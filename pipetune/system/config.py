@@ -80,7 +80,9 @@ class SystemConfig:
                 "system.dataloader_workers", f"must be an integer >= 0, got {v!r}"
             )
         if self.device not in DEVICES:
-            raise SystemConfigError("system.device", f"must be one of {DEVICES}, got {self.device!r}")
+            raise SystemConfigError(
+                "system.device", f"must be one of {DEVICES}, got {self.device!r}"
+            )
         if self.precision not in PRECISIONS:
             raise SystemConfigError(
                 "system.precision", f"must be one of {PRECISIONS}, got {self.precision!r}"
