@@ -7,7 +7,6 @@ not set, and imports ``flows.bench`` only once the job file has been read.
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -32,7 +31,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     from pipetune.bench import load_bench_job
     from pipetune.cli_tune import _quiet_defaults
     from pipetune.home import pipetune_home
-    from pipetune.prefect_server import LocalPrefectServer
+    from pipetune.prefect_server import prefect_api
     from pipetune.tracking import default_tracking_uri, ensure_experiment
 
     strategies = _strategies(args.strategies)
@@ -48,22 +47,12 @@ def run_bench_command(args: argparse.Namespace) -> int:
     _quiet_defaults()
     tracking_uri = args.tracking_uri or default_tracking_uri()
     print(f"bench {job.spec.name}: data {job.data}; results in {out}", file=sys.stderr)
-    server = None
-    if not os.environ.get("PREFECT_API_URL"):
-        log = pipetune_home() / "prefect-server.log"
-        print(f"starting a local Prefect server on 127.0.0.1 (log: {log}) ...", file=sys.stderr)
-        server = LocalPrefectServer(log_path=log).start()
-        os.environ["PREFECT_API_URL"] = server.api_url
-    try:
+    with prefect_api(pipetune_home() / "prefect-server.log"):
         ensure_experiment(tracking_uri)  # once, before any fan-out
         from flows.bench import run_bench
 
         bench, paths = run_bench(job, out_dir=out, tracking_uri=tracking_uri, command=command,
                                  strategies=strategies, oracle=not args.no_oracle)
-    finally:
-        if server is not None:
-            server.stop()
-            os.environ.pop("PREFECT_API_URL", None)
     print(paths["markdown"].read_text(encoding="utf-8"))
     print(f"report: {out} (results.md, results.json, tuning_time.png, metric_vs_time.png)")
     print(f"MLflow: bench run {bench.bench_run_id} (experiment pipetune-bench) in {tracking_uri}")
