@@ -80,6 +80,10 @@ class Trial:
 
     @property
     def final_system(self) -> SystemConfig | None:
+        """The config the trial settled on: the one its probes chose (and recorded), even
+        when the trial ended right after probing; else its last epoch's."""
+        if self.recorded is not None:
+            return self.recorded
         return self.results[-1].system if self.results else None
 
 
