@@ -138,6 +138,9 @@ def test_study_records_parent_and_trial_runs_in_mlflow(cold, store):
     assert first.data.tags["groundtruth"] == "miss"
     assert [first.data.tags[f"epoch.00{e}.phase"] for e in (2, 3)] == ["probe", "probe"]
     assert cold["probe_epochs"] == 2
+    # Its last epoch ran the dearer probe (workers=1); it settled on the cheaper one.
+    assert first.data.tags["epoch.003.system"] == "cores=1 interop=1 workers=1"
+    assert first.data.tags["system.final"] == "cores=1 interop=2 workers=0"
     for run in trials[1:]:
         assert run.data.tags["groundtruth"] == "hit"
         assert run.data.tags["system.final"] == "cores=1 interop=2 workers=0"
