@@ -9,28 +9,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from known import synthetic_job
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPETUNE = [sys.executable, "-m", "pipetune"]
 
-TINY_JOB = {
-    "name": "cli-tiny",
-    "workload": {
-        "name": "synthetic",
-        "params": {
-            "train_samples": 256,
-            "val_samples": 128,
-            "cost_by_knob": {"interop_threads": {"1": 0.3}, "dataloader_workers": {"1": 0.3}},
-        },
-    },
-    "hyperparameters": {"lr": {"type": "loguniform", "low": 0.01, "high": 0.1}},
-    "system": {
-        "default": {"cores": 1},
-        "space": {"interop_threads": [1, 2], "dataloader_workers": [0, 1]},
-    },
-    "search": {"algorithm": "random", "trials": 3, "seed": 0, "max_concurrent": 1},
-    "early_stopping": {"policy": "none", "max_epochs": 3},
-}
+TINY_JOB = synthetic_job("cli-tiny")
 
 
 def run(args, cwd, env_extra=None, input_text=None, timeout=600):

@@ -6,55 +6,17 @@ import json
 import math
 import multiprocessing
 import pickle
-import random
 
 import pytest
+from known import CONV_JOB, DENSE_JOB, noisy
 
 from pipetune.errors import GroundTruthError, SpecError
 from pipetune.groundtruth import GroundTruth, GroundTruthEntry
 from pipetune.profiler.profile import CLUSTER_FEATURES, PROFILE_FEATURES, Profile
 from pipetune.system.config import SystemConfig
 
-CONV_JOB = {
-    "op_conv_share": 0.60,
-    "op_matmul_share": 0.15,
-    "op_elementwise_share": 0.15,
-    "op_data_share": 0.05,
-    "op_other_share": 0.05,
-    "cpu_util": 0.90,
-    "log_samples_per_s": 6.5,
-    "log_flops_proxy": -6.0,
-    "ctx_switches_per_step": 3.0,
-    "page_faults_per_step": 40.0,
-    "log_peak_rss_mb": 6.0,
-}
-DENSE_JOB = {
-    "op_conv_share": 0.0,
-    "op_matmul_share": 0.70,
-    "op_elementwise_share": 0.20,
-    "op_data_share": 0.05,
-    "op_other_share": 0.05,
-    "cpu_util": 0.50,
-    "log_samples_per_s": 9.5,
-    "log_flops_proxy": -9.0,
-    "ctx_switches_per_step": 1.0,
-    "page_faults_per_step": 5.0,
-    "log_peak_rss_mb": 5.0,
-}
 CORES2 = SystemConfig(cores=2)
 WORKERS1 = SystemConfig(dataloader_workers=1)
-
-
-def noisy(job: dict[str, float], seed: int, scale: float = 1.0) -> Profile:
-    """``job`` with small run-to-run noise (``scale`` times the usual)."""
-    rng = random.Random(seed)
-    out = {}
-    for name in PROFILE_FEATURES:
-        jitter = 0.01 if name.startswith("op_") else 0.03
-        if name.endswith("_per_step"):
-            jitter = 0.05 * job[name]
-        out[name] = job[name] + scale * rng.uniform(-jitter, jitter)
-    return Profile(out)
 
 
 @pytest.fixture

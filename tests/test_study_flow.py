@@ -8,33 +8,13 @@ import time
 from pathlib import Path
 
 import pytest
+from known import synthetic_job
 
 pytestmark = pytest.mark.slow
 
 TESTS_DIR = Path(__file__).resolve().parent
 
-# Probing knobs whose cost the synthetic workload plants: interop_threads=1 costs
-# 0.3 s per epoch, dataloader_workers=1 costs 0.3 s; so from the default
-# (interop 1, workers 0) the cheapest one-knob probe is interop_threads=2.
-JOB = {
-    "name": "flow-test",
-    "workload": {
-        "name": "synthetic",
-        "params": {
-            "train_samples": 256,
-            "val_samples": 128,
-            "cost_by_knob": {"interop_threads": {"1": 0.3}, "dataloader_workers": {"1": 0.3}},
-        },
-    },
-    "hyperparameters": {"lr": {"type": "loguniform", "low": 0.01, "high": 0.1}},
-    "system": {
-        "default": {"cores": 1, "interop_threads": 1, "dataloader_workers": 0},
-        "space": {"interop_threads": [1, 2], "dataloader_workers": [0, 1]},
-    },
-    "search": {"algorithm": "random", "trials": 3, "seed": 7, "max_concurrent": 1},
-    "early_stopping": {"policy": "none", "max_epochs": 3},
-    "objective": {"metric": "accuracy", "mode": "max", "system": "time"},
-}
+JOB = synthetic_job("flow-test", seed=7)
 
 
 @pytest.fixture(scope="module")

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import math
 import pickle
-import random
 from collections.abc import Callable
 
 import pytest
+from known import CONV_JOB, DENSE_JOB, noisy
 
 from pipetune.errors import SpecError, SystemConfigError
 from pipetune.groundtruth import GroundTruth
-from pipetune.profiler.profile import PROFILE_FEATURES, Profile
+from pipetune.profiler.profile import Profile
 from pipetune.system.config import MachineInfo, SystemConfig
 from pipetune.tuner import (
     EpochObservation,
@@ -32,45 +32,12 @@ def known_cost(config: SystemConfig) -> float:
     return cost + (0.5 if config.dataloader_workers == 1 else 0.0)
 
 
-CNN = {
-    "op_conv_share": 0.60,
-    "op_matmul_share": 0.15,
-    "op_elementwise_share": 0.15,
-    "op_data_share": 0.05,
-    "op_other_share": 0.05,
-    "cpu_util": 0.90,
-    "log_samples_per_s": 6.5,
-    "log_flops_proxy": -6.0,
-    "ctx_switches_per_step": 3.0,
-    "page_faults_per_step": 40.0,
-    "log_peak_rss_mb": 6.0,
-}
-MLP = {
-    "op_conv_share": 0.0,
-    "op_matmul_share": 0.70,
-    "op_elementwise_share": 0.20,
-    "op_data_share": 0.05,
-    "op_other_share": 0.05,
-    "cpu_util": 0.50,
-    "log_samples_per_s": 9.5,
-    "log_flops_proxy": -9.0,
-    "ctx_switches_per_step": 1.0,
-    "page_faults_per_step": 5.0,
-    "log_peak_rss_mb": 5.0,
-}
+CNN, MLP = CONV_JOB, DENSE_JOB
 
 
 def profile_of(job: dict[str, float], seed: int) -> Profile:
     """The job's profile with run-to-run noise well under the ground truth's scale floors."""
-    rng = random.Random(seed)
-    noisy = {}
-    for name in PROFILE_FEATURES:
-        v = job[name]
-        jitter = 0.01 if name.startswith("op_") else 0.03
-        if name in ("ctx_switches_per_step", "page_faults_per_step"):
-            jitter = 0.05 * v
-        noisy[name] = v + rng.uniform(-jitter, jitter)
-    return Profile(noisy, sources={"test": "hand-made"})
+    return noisy(job, seed)
 
 
 def run_trial(
