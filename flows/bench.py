@@ -13,7 +13,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +49,11 @@ def run_study(
     tracking_uri: str,
     checkpoint_root: str,
     groundtruth_path: str,
-    task_runner_factory: Callable[[], Any] | None = None,
+    dask_address: str | None = None,
 ) -> tuple[dict[str, Any], Any]:
-    """Run one study flow; return its summary and the engine it drove."""
-    from flows.cluster import task_runner
+    """Run one study flow on the cluster at ``dask_address`` (default: this process's
+    embedded cluster, started once and shared by every strategy); return its summary
+    and the engine it drove."""
     from flows.study import study_flow
 
     seen: list[Any] = []
@@ -63,9 +64,9 @@ def run_study(
 
     add_listener(capture)
     try:
-        runner = (task_runner_factory or task_runner)()
-        summary = study_flow.with_options(task_runner=runner, flow_run_name=f"bench-{name}")(
+        summary = study_flow.with_options(flow_run_name=f"bench-{name}")(
             job=spec.to_dict(),
+            dask_address=dask_address,
             tracking_uri=tracking_uri,
             checkpoint_root=checkpoint_root,
             groundtruth_path=groundtruth_path,
@@ -86,7 +87,7 @@ def run_bench(
     command: str,
     strategies: Sequence[str] = STRATEGIES,
     oracle: bool = True,
-    task_runner_factory: Callable[[], Any] | None = None,
+    dask_address: str | None = None,
     machine: MachineInfo | None = None,
 ) -> tuple[BenchResult, dict[str, Path]]:
     """Run ``strategies`` (then the oracle) on ``job``; write the report to ``out_dir``
@@ -116,7 +117,7 @@ def run_bench(
             summary, study = run_study(
                 spec, name=name, tracking_uri=tracking_uri,
                 checkpoint_root=str(checkpoints), groundtruth_path=str(groundtruth),
-                task_runner_factory=task_runner_factory,
+                dask_address=dask_address,
             )
             result = result_from_study(name, study, summary["tuning_wall_s"],
                                        summary["parent_run_id"])
@@ -134,7 +135,7 @@ def run_bench(
             summary, study = run_study(
                 spec, name=ORACLE, tracking_uri=tracking_uri,
                 checkpoint_root=str(checkpoints), groundtruth_path=str(groundtruth),
-                task_runner_factory=task_runner_factory,
+                dask_address=dask_address,
             )
             bench.oracle = oracle_rows(study)
             bench.oracle_params = params

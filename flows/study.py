@@ -1,10 +1,12 @@
 """The study flow: PipeTune's loop with epochs on Dask and the record in MLflow.
 
-The flow only wires: the engine (:class:`pipetune.study.Study`) decides what runs,
-tasks do the work, the tracker writes MLflow. Epoch tasks go to the Dask task runner,
-each claiming the cores its system config reserves; the profile lookup and the
-tuning decision are tasks called in the flow process between a trial's epochs, so
-every trial shows in the Prefect UI as a chain epoch -> lookup -> tune -> epoch ...
+The flow only wires: the engine (:meth:`pipetune.study.Study.run`) decides what runs,
+tasks do the work, the tracker writes MLflow (in the background). Every task run is
+in the flow process: one ``train-epoch`` task run per epoch, in the flow's thread
+pool, drives a plain Dask future on the cluster (the epoch claims the cores its system
+config reserves, and goes to the worker holding its model); the profile lookup and
+the tuning decision are task runs between a trial's epochs, so every trial shows in
+the Prefect UI as a chain epoch -> lookup -> tune -> epoch ...
 """
 
 from __future__ import annotations
@@ -13,22 +15,21 @@ import time
 import uuid
 from typing import Any
 
-import dask
 from prefect import flow, get_run_logger
-from prefect.futures import as_completed
 from prefect.runtime import deployment, flow_run
+from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows.cluster import task_runner
+from flows.cluster import client_for, cluster_core_budget
 from flows.params import CoreBudget, JobArgument, TrialsOverride
+from pipetune.backends import DaskBackend
 from pipetune.checkpoints import CheckpointStore
 from pipetune.groundtruth import GroundTruth
 from pipetune.home import pipetune_home
 from pipetune.progress import notify
-from pipetune.schedulers import Decision
 from pipetune.spec import JobSpec, load_spec
-from pipetune.study import Study, orchestration_overhead, overhead_summary
+from pipetune.study import StepEvent, Study, orchestration_overhead, overhead_summary
 from pipetune.tracking import StudyTracker, default_tracking_uri
-from tasks import decide_system, evaluate_checkpoint, lookup_groundtruth, train_epoch
+from tasks import PrefectEpochBackend, decide_system, lookup_groundtruth
 
 
 def resolve_job(job: dict[str, Any] | str, trials: int | None, pipetune: bool | None) -> JobSpec:
@@ -36,7 +37,7 @@ def resolve_job(job: dict[str, Any] | str, trials: int | None, pipetune: bool | 
     return spec.with_overrides(trials=trials, pipetune_enabled=pipetune)
 
 
-@flow(name="pipetune-study", task_runner=task_runner(), log_prints=False)
+@flow(name="pipetune-study", task_runner=ThreadPoolTaskRunner(max_workers=64), log_prints=False)
 def study_flow(
     job: JobArgument,
     trials: TrialsOverride = None,
@@ -45,10 +46,14 @@ def study_flow(
     checkpoint_root: str | None = None,
     groundtruth_path: str | None = None,
     core_budget: CoreBudget = None,
+    dask_address: str | None = None,
 ) -> dict[str, Any]:
     """Tune ``job`` (a job-spec dict or a path to a job YAML) and record it in MLflow.
 
-    Returns a JSON-able summary including the MLflow parent run id.
+    Epochs run on the Dask cluster at ``dask_address``, else on this process's
+    embedded ``LocalCluster`` (started once, reused by later studies). Returns a
+    JSON-able summary: the MLflow parent run id, the study's numbers, the per-epoch
+    timings and the trials table.
     """
     logger = get_run_logger()
     spec = resolve_job(job, trials, pipetune)
@@ -61,6 +66,9 @@ def study_flow(
         bound_factor=spec.pipetune.similarity.bound_factor,
         min_bound=spec.pipetune.similarity.min_bound,
     )
+    client = client_for(dask_address)
+    if core_budget is None and dask_address:
+        core_budget = cluster_core_budget(dask_address)
     study = Study(
         spec, study_id=study_id, checkpoints=checkpoints,
         ground_truth=ground_truth if spec.pipetune.enabled else None,
@@ -74,44 +82,26 @@ def study_flow(
     _link_mlflow_run(tracker, tracking_uri)
     logger.info("study %s: MLflow parent run %s", study_id, tracker.parent_run_id)
 
-    started = time.time()
-    running: dict[Any, Any] = {}
-    finished: dict[str, Any] = {}  # checkpoint ref -> the epoch future that wrote it
-    try:
-        while not study.done:
-            for task in study.launchable():
-                upstream = [finished[task.checkpoint_in]] if task.checkpoint_in in finished else []
-                with dask.annotate(resources={"cores": task.system.cores}):
-                    future = train_epoch.submit(task, wait_for=upstream)
-                running[future] = task
-            notify(study)
-            if not running:
-                raise RuntimeError("study is stuck: nothing launchable and nothing in flight")
-            future = next(as_completed(list(running)))
-            task = running.pop(future)
-            finished[task.checkpoint_out] = future
-            future.wait()  # settles the future's final state from Dask, not the API
-            state = future.state
-            trial = study.trials[task.trial_id]
-            if not state.is_completed():
-                error = _describe_failure(state)
-                study.on_epoch_failed(task.trial_id, task.epoch, error)
-                logger.warning("trial %s failed in epoch %s: %s", task.trial_id, task.epoch, error)
-                tracker.end_trial(trial, metric=study.metric, objective=study.objective)
-                continue
-            result = future.result()
-            decision = study.on_epoch_done(result)
-            tracker.log_epoch(trial, result)
-            if decision is Decision.CONTINUE:
-                if study.needs_lookup(task.trial_id):
-                    match = lookup_groundtruth(study, task.trial_id, wait_for=[future])
-                    study.set_match(task.trial_id, match)
-                choice = decide_system(study, task.trial_id, task.epoch, wait_for=[future])
-                study.apply_decision(task.trial_id, choice)
-            else:
-                tracker.end_trial(trial, metric=study.metric, objective=study.objective)
+    backend = PrefectEpochBackend(DaskBackend(client))
+
+    def on_step(event: StepEvent) -> None:
+        if event.result is not None:
+            tracker.log_epoch(event.trial, event.result)
+        if event.ended:
+            if event.result is None:
+                logger.warning("trial %s failed: %s", event.trial.trial_id, event.trial.error)
+            tracker.end_trial(event.trial, metric=study.metric, objective=study.objective)
         notify(study)
-        extra = _evaluate_best(study)
+
+    started = time.time()
+    try:
+        notify(study)
+        study.run(
+            backend, on_step=on_step,
+            lookup=lambda trial_id: lookup_groundtruth(study, trial_id),
+            decide=lambda trial_id, epoch: decide_system(study, trial_id, epoch),
+        )
+        extra = _evaluate_best(study, backend)
         wall_s = time.time() - started
         timings = orchestration_overhead(study)
         extra.update(overhead_summary(timings))
@@ -143,19 +133,12 @@ def study_flow(
     }
 
 
-def _describe_failure(state: Any) -> str:
-    outcome = state.result(raise_on_failure=False)
-    if isinstance(outcome, BaseException):
-        return f"{type(outcome).__name__}: {outcome}"
-    return state.message or state.name
-
-
-def _evaluate_best(study: Study) -> dict[str, float]:
+def _evaluate_best(study: Study, backend: PrefectEpochBackend) -> dict[str, float]:
     """Re-evaluate the best trial from its last checkpoint, proving the checkpoint."""
     best = study.best_trial()
     if best is None or best.checkpoint is None:
         return {}
-    metrics = evaluate_checkpoint(study.final_task(best), best.checkpoint)
+    metrics = backend.evaluate(study.final_task(best), best.checkpoint)
     return {f"best_checkpoint_{k}": v for k, v in metrics.items()}
 
 

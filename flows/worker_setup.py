@@ -1,7 +1,7 @@
 """Dask worker preload: warm a fresh worker process before it takes epochs.
 
-A new worker pays one-time costs on its first epoch: importing torch, Prefect's task
-engine and the workloads, the first optimiser step (which loads torch's compiler
+A new worker pays one-time costs on its first epoch: importing torch and the
+workloads, the first optimiser step (which loads torch's compiler
 stack) and the first profiler trace. Paid inside epoch 1, they would be measured as
 the default config's cost and inflate every profile taken on a fresh worker. The
 embedded cluster lists this module in ``preload``; an existing cluster can use it with
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 
 def warm_up() -> None:
-    import prefect.task_engine  # noqa: F401 - imported for its side effect: loading
     import torch
 
+    import pipetune.backends._dask  # noqa: F401 - what every epoch task imports
     import pipetune.runner  # noqa: F401
     from pipetune.profiler.opmix import OpMixRecorder
     from pipetune.workloads import BUILTIN_WORKLOADS, resolve_workload

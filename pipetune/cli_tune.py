@@ -8,9 +8,11 @@ Prefect server (if any) is up.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import re
 import sys
+import threading
 from pathlib import Path
 
 from pipetune.errors import PipetuneError, SpecError
@@ -56,40 +58,72 @@ def run_tune(args: argparse.Namespace) -> int:
     tracking_uri = args.tracking_uri or default_tracking_uri()
     core_budget = None
     if args.dask_address:
-        if not os.environ.get("PREFECT_API_URL"):
-            raise SpecError(
-                "--dask-address",
-                "needs PREFECT_API_URL set, here and on the cluster's workers, to a Prefect "
-                "server they can all reach (e.g. `prefect server start --host 127.0.0.1`); "
-                "otherwise each worker records its task runs in a temporary server of its own",
-            )
         from flows.cluster import cluster_core_budget
 
         try:
             core_budget = cluster_core_budget(args.dask_address)
         except OSError as exc:
             raise PipetuneError(f"--dask-address: cannot reach {args.dask_address}: {exc}") from exc
+    # The embedded cluster starts, and the flow's imports and the MLflow store are
+    # readied, while the Prefect server comes up: the study's clock starts with all ready.
+    startup: list[_Background] = []
 
-    with prefect_api(pipetune_home() / "prefect-server.log") as server:
-        ensure_experiment(tracking_uri)  # once, before any fan-out
-        from flows.cluster import task_runner
+    def overlap_startup(_url: str) -> None:
+        startup.append(_Background(ensure_experiment, tracking_uri))  # once, before fan-out
+        startup.append(_Background(importlib.import_module, "flows.study"))
+        if not args.dask_address:
+            from flows.cluster import shared_cluster
+
+            startup.append(_Background(shared_cluster))
+
+    with prefect_api(pipetune_home() / "prefect-server.log", on_url=overlap_startup) as server:
         from flows.study import study_flow
         from pipetune.progress import add_listener, remove_listener
 
+        for job in startup:
+            job.result()
         display = _LiveDisplay(spec.search.trials, spec.objective.metric)
         add_listener(display.update)
         try:
             with display:
-                summary = study_flow.with_options(task_runner=task_runner(args.dask_address))(
+                summary = study_flow(
                     job=spec.to_dict(),
                     tracking_uri=tracking_uri,
                     checkpoint_root=args.checkpoints,
                     core_budget=core_budget,
+                    dask_address=args.dask_address,
                 )
         finally:
             remove_listener(display.update)
+            if not args.dask_address:
+                from flows.cluster import close_shared_cluster
+
+                close_shared_cluster()
         _print_summary(summary, spec.objective.metric, os.environ["PREFECT_API_URL"], server)
     return 0 if summary.get("trials_failed", 0) < summary.get("trials", 0) else 1
+
+
+class _Background(threading.Thread):
+    """Run ``fn(*args)`` in a thread now; :meth:`result` joins and re-raises."""
+
+    def __init__(self, fn, *args) -> None:
+        super().__init__(name=f"pipetune-{getattr(fn, '__name__', 'startup')}", daemon=True)
+        self._fn, self._args = fn, args
+        self._error: BaseException | None = None
+        self._value = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self._value = self._fn(*self._args)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by result()
+            self._error = exc
+
+    def result(self):
+        self.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 class _LiveDisplay:

@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pipetune.errors import PipetuneError
@@ -108,17 +108,28 @@ class LocalPrefectServer:
 
 
 @contextlib.contextmanager
-def prefect_api(log_path: str | Path | None = None) -> Iterator[LocalPrefectServer | None]:
+def prefect_api(
+    log_path: str | Path | None = None,
+    on_url: Callable[[str], None] | None = None,
+) -> Iterator[LocalPrefectServer | None]:
     """The Prefect API for one command: the one ``PREFECT_API_URL`` names if set, else a
     :class:`LocalPrefectServer` started here (its URL exported for child processes, such
-    as Dask workers) and stopped on exit. Yields the server it started, or None."""
+    as Dask workers) and stopped on exit. Yields the server it started, or None.
+
+    ``on_url(url)`` is called once the URL is known and exported but before the server
+    is healthy, so other start-up work (a cluster) can overlap the server's."""
     if os.environ.get("PREFECT_API_URL"):
+        if on_url is not None:
+            on_url(os.environ["PREFECT_API_URL"])
         yield None
         return
     print(f"starting a local Prefect server on 127.0.0.1 (log: {log_path}) ...", file=sys.stderr)
-    server = LocalPrefectServer(log_path=log_path).start()
+    server = LocalPrefectServer(log_path=log_path)
     os.environ["PREFECT_API_URL"] = server.api_url
     try:
+        if on_url is not None:
+            on_url(server.api_url)
+        server.start()
         yield server
     finally:
         server.stop()

@@ -1,16 +1,19 @@
 """Run one epoch of one trial: the unit of work an executor (Dask, or a plain loop) runs.
 
-:func:`run_epoch` is pure with respect to the study: it reads a checkpoint reference,
-trains one epoch under a system config while profiling it, evaluates, writes the next
-checkpoint and returns an :class:`EpochResult`. It never logs to MLflow and never
-touches the ground truth.
+:func:`run_epoch` is pure with respect to the study: it takes the trial's model from
+the process's :class:`LiveTrials` (or rebuilds it from the checkpoint reference),
+trains one epoch under a system config while profiling it, evaluates, queues the next
+checkpoint for a background write and returns an :class:`EpochResult`. It never logs
+to MLflow and never touches the ground truth.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,23 +68,83 @@ class EpochResult:
     setup_s: float = 0.0
     eval_s: float = 0.0
     checkpoint_s: float = 0.0
+    #: Whether the model came from memory (the trial's previous epoch ran here) rather
+    #: than being rebuilt from its checkpoint.
+    reused_model: bool = False
+    #: The executor's name for where it ran (a Dask worker address), for locality.
+    address: str = ""
 
     def cost(self, objective: str) -> float:
         return self.measurement.cost(objective)
 
 
-def run_epoch(task: EpochTask) -> EpochResult:
-    """Train, profile, evaluate and checkpoint one epoch of one trial."""
+class LiveTrials:
+    """Workloads kept in memory between a trial's epochs, in one process.
+
+    A trial's next epoch that lands in the same process continues from memory instead
+    of rebuilding the model and reloading its checkpoint. An entry is only reused when
+    it is exactly the state the task asks to start from (its ``checkpoint_in``), so a
+    retried or moved epoch never continues from a newer state. At most ``capacity``
+    workloads are kept, least recently used dropped first.
+    """
+
+    def __init__(self, capacity: int = 8):
+        self.capacity = capacity
+        self._entries: OrderedDict[tuple[str, int], tuple[str, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def take(self, task: EpochTask) -> Any | None:
+        """The workload left at ``task.checkpoint_in``, removed from the cache; else None."""
+        with self._lock:
+            entry = self._entries.pop((task.study_id, task.trial_id), None)
+        if entry is None or task.checkpoint_in is None or entry[0] != task.checkpoint_in:
+            return None
+        return entry[1]
+
+    def keep(self, task: EpochTask, workload: Any) -> None:
+        with self._lock:
+            self._entries[(task.study_id, task.trial_id)] = (task.checkpoint_out, workload)
+            self._entries.move_to_end((task.study_id, task.trial_id))
+            while len(self._entries) > self.capacity:
+                self._entries.popitem(last=False)
+
+    def drop(self, study_id: str, trial_id: int | None = None) -> int:
+        """Forget one trial's workload, or every workload of a study; return how many."""
+        with self._lock:
+            keys = [k for k in self._entries
+                    if k[0] == study_id and (trial_id is None or k[1] == trial_id)]
+            for key in keys:
+                del self._entries[key]
+        return len(keys)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+#: This process's live workloads (one per Dask worker process).
+LIVE_TRIALS = LiveTrials()
+
+
+def run_epoch(task: EpochTask, live: LiveTrials | None = None, address: str = "") -> EpochResult:
+    """Train, profile, evaluate and checkpoint one epoch of one trial.
+
+    With ``live`` the model stays in memory for the trial's next epoch, and the
+    checkpoint is written in the background; without it, everything is rebuilt and
+    the checkpoint written before returning (the reference behaviour).
+    """
     from pipetune.checkpoints import CheckpointStore
     from pipetune.profiler import EpochProfiler
     from pipetune.system.apply import applied_system_config
     from pipetune.workloads import resolve_workload
 
     started = time.time()
-    workload = resolve_workload(task.workload)(**task.workload_params)
-    workload.setup(task.hparams, task.seed)
-    if task.checkpoint_in is not None:
-        CheckpointStore.load(workload, task.checkpoint_in)
+    workload = live.take(task) if live is not None else None
+    reused = workload is not None
+    if workload is None:
+        workload = resolve_workload(task.workload)(**task.workload_params)
+        workload.setup(task.hparams, task.seed)
+        if task.checkpoint_in is not None:
+            CheckpointStore.load(workload, task.checkpoint_in)
     profiler = EpochProfiler(
         op_mix_steps=task.op_mix_steps,
         perf=task.perf,
@@ -100,7 +163,11 @@ def run_epoch(task: EpochTask) -> EpochResult:
         metrics = workload.evaluate(task.system)
         eval_s = time.time() - eval_start
     save_start = time.time()
-    CheckpointStore.save(workload, task.checkpoint_out)
+    if live is not None:
+        CheckpointStore.save_async(workload, task.checkpoint_out)
+        live.keep(task, workload)
+    else:
+        CheckpointStore.save(workload, task.checkpoint_out)
     checkpoint_s = time.time() - save_start
     return EpochResult(
         trial_id=task.trial_id,
@@ -119,6 +186,8 @@ def run_epoch(task: EpochTask) -> EpochResult:
         setup_s=setup_done - started,
         eval_s=eval_s,
         checkpoint_s=checkpoint_s,
+        reused_model=reused,
+        address=address,
     )
 
 

@@ -1,21 +1,17 @@
 """The study engine: the PipeTune loop as plain state, driven by any executor.
 
-The engine owns the bookkeeping of a study; the *executor* (the Prefect flow on
-Dask, or :func:`run_study_locally`) owns the loop::
+The engine owns the loop. An executor is an :class:`~pipetune.backends.EpochBackend`
+(submit an epoch, wait for the next finished one); the engine decides everything
+else, one finished epoch per :meth:`Study.step`::
 
     study = Study(spec, study_id="s1", checkpoints=CheckpointStore(root), ground_truth=gt)
-    while not study.done:
-        for task in study.launchable():          # epoch tasks that fit the free cores
-            submit(task)
-        result = wait_for_any()
-        if study.on_epoch_done(result) is Decision.CONTINUE:
-            if study.needs_lookup(result.trial_id):
-                study.set_match(result.trial_id, study.lookup(result.trial_id))
-            study.apply_decision(result.trial_id, study.decide(result.trial_id))
+    study.run(LocalBackend())                      # or DaskBackend(client), or the flow's
+    study.summary()
 
 Searcher, scheduler and system tuner are policies consulted here; they never train,
 submit or log. The engine writes the ground truth (a store, not a log) when the tuner
-says which config to record.
+says which config to record. Callers that wrap the policy calls (the Prefect flow
+shows each as a task run) pass ``lookup`` / ``decide`` callables to :meth:`Study.step`.
 """
 
 from __future__ import annotations
@@ -23,6 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +37,7 @@ from pipetune.tuner import (
 )
 
 if TYPE_CHECKING:
+    from pipetune.backends import EpochBackend
     from pipetune.checkpoints import CheckpointStore
     from pipetune.groundtruth import GroundTruth
     from pipetune.spec import JobSpec
@@ -124,6 +122,20 @@ class StudySummary:
             out["best_value"] = self.best_value
             out["best_trial"] = self.best_trial
         return {k: float(v) for k, v in out.items()}
+
+
+class StudyStuck(RuntimeError):
+    """The engine has nothing to run and nothing running, yet the study is not done."""
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """What one :meth:`Study.step` did: the trial whose epoch finished, that epoch's
+    result (None when it failed), and whether the trial has now ended."""
+
+    trial: Trial
+    result: EpochResult | None
+    ended: bool
 
 
 class Study:
@@ -359,6 +371,62 @@ class Study:
         self._queue.append(task)
         return task
 
+    # -- the loop ---------------------------------------------------------------------
+    def step(
+        self,
+        backend: EpochBackend,
+        *,
+        lookup: Callable[[int], GroundTruthMatch] | None = None,
+        decide: Callable[[int, int], TuningDecision] | None = None,
+    ) -> StepEvent:
+        """Submit every epoch that fits, wait for one to finish, and act on it.
+
+        ``lookup(trial_id)`` and ``decide(trial_id, epoch)`` default to
+        :meth:`lookup` and :meth:`decide`; a caller may wrap them (they must call
+        those methods). Returns what happened to the trial whose epoch finished.
+        """
+        for task in self.launchable():
+            backend.submit(task)
+        if not self._in_flight:
+            raise StudyStuck("nothing launchable and nothing in flight")
+        outcome = backend.wait()
+        task = outcome.task
+        trial = self.trials[task.trial_id]
+        if outcome.error is not None:
+            self.on_epoch_failed(task.trial_id, task.epoch, outcome.error)
+            backend.release(self.study_id, task.trial_id)
+            return StepEvent(trial, None, ended=True)
+        result = outcome.result
+        assert result is not None
+        if self.on_epoch_done(result) is Decision.CONTINUE:
+            if self.needs_lookup(task.trial_id):
+                self.set_match(task.trial_id, (lookup or self.lookup)(task.trial_id))
+            choice = (decide or (lambda t, _e: self.decide(t)))(task.trial_id, task.epoch)
+            self.apply_decision(task.trial_id, choice)
+            return StepEvent(trial, result, ended=False)
+        backend.release(self.study_id, task.trial_id)
+        return StepEvent(trial, result, ended=True)
+
+    def run(
+        self,
+        backend: EpochBackend,
+        *,
+        on_step: Callable[[StepEvent], None] | None = None,
+        **policy_calls: Any,
+    ) -> Study:
+        """Step until the study is done; ``on_step`` sees every event. On any error the
+        backend's running epochs are cancelled."""
+        try:
+            while not self.done:
+                event = self.step(backend, **policy_calls)
+                if on_step is not None:
+                    on_step(event)
+        except BaseException:
+            backend.cancel()
+            raise
+        backend.release(self.study_id)
+        return self
+
     # -- ending ---------------------------------------------------------------------
     def _record(self, trial: Trial, config: SystemConfig, cost: float) -> None:
         if self.ground_truth is None or trial.recorded is not None or not trial.results:
@@ -429,26 +497,11 @@ def run_study_locally(study: Study, run=None) -> Study:
     """Drive ``study`` to the end in this process, one epoch at a time.
 
     The reference executor: no Prefect, no Dask. ``run`` defaults to
-    :func:`pipetune.runner.run_epoch`.
+    :func:`pipetune.runner.run_epoch` with models kept in memory between epochs.
     """
-    from pipetune.runner import run_epoch
+    from pipetune.backends import LocalBackend
 
-    run = run or run_epoch
-    while not study.done:
-        tasks = study.launchable()
-        if not tasks:
-            raise RuntimeError("study is stuck: nothing launchable and nothing in flight")
-        for task in tasks:
-            try:
-                result = run(task)
-            except Exception as exc:  # noqa: BLE001 - a failing trial must not end the study
-                study.on_epoch_failed(task.trial_id, task.epoch, f"{type(exc).__name__}: {exc}")
-                continue
-            if study.on_epoch_done(result) is Decision.CONTINUE:
-                if study.needs_lookup(result.trial_id):
-                    study.set_match(result.trial_id, study.lookup(result.trial_id))
-                study.apply_decision(result.trial_id, study.decide(result.trial_id))
-    return study
+    return study.run(LocalBackend(run))
 
 
 def orchestration_overhead(study: Study) -> list[dict[str, float]]:

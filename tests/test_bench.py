@@ -290,7 +290,6 @@ def test_a_real_bench_on_prefect_dask_and_mlflow(prefect_api_url, tmp_path):
     import dask
     from distributed import LocalCluster
     from mlflow.tracking import MlflowClient
-    from prefect_dask import DaskTaskRunner
 
     from flows.bench import run_bench
     from pipetune.bench import BenchJob
@@ -307,7 +306,7 @@ def test_a_real_bench_on_prefect_dask_and_mlflow(prefect_api_url, tmp_path):
         result, paths = run_bench(
             BenchJob(spec=spec, path="job.yaml", data="blobs", quick=True),
             out_dir=tmp_path / "out", tracking_uri=uri, command="test",
-            task_runner_factory=lambda: DaskTaskRunner(address=cluster.scheduler_address),
+            dask_address=cluster.scheduler_address,
         )
     finally:
         cluster.close()

@@ -49,13 +49,11 @@ def store(tmp_path_factory):
 
 
 def run_study(cluster, store, job=JOB, **params):
-    from prefect_dask import DaskTaskRunner
-
     from flows.study import study_flow
 
-    runner = DaskTaskRunner(address=cluster.scheduler_address)
-    return study_flow.with_options(task_runner=runner)(
+    return study_flow(
         job=job,
+        dask_address=cluster.scheduler_address,
         tracking_uri=store["tracking_uri"],
         checkpoint_root=store["checkpoints"],
         groundtruth_path=store["groundtruth"],

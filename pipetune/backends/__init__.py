@@ -1,0 +1,18 @@
+"""Executors of epoch tasks behind one small interface (Syne Tune's ``TrialBackend``).
+
+The study engine (:meth:`pipetune.study.Study.step`) hands a backend the epochs to
+run and asks it for the next finished one; it decides everything else.
+"""
+
+from pipetune.backends._base import EpochBackend, EpochOutcome
+from pipetune.backends._local import LocalBackend
+
+__all__ = ["DaskBackend", "EpochBackend", "EpochOutcome", "LocalBackend"]
+
+
+def __getattr__(name: str):
+    if name == "DaskBackend":  # imports distributed: only when asked for
+        from pipetune.backends._dask import DaskBackend
+
+        return DaskBackend
+    raise AttributeError(name)

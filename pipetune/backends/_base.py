@@ -1,0 +1,54 @@
+"""The backend interface: submit an epoch, wait for the next finished one."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipetune.runner import EpochResult, EpochTask
+
+
+@dataclass(frozen=True)
+class EpochOutcome:
+    """One finished epoch task: its result, or why it failed (exactly one is set)."""
+
+    task: EpochTask
+    result: EpochResult | None = None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.result is None) == (self.error is None):
+            raise ValueError("EpochOutcome needs exactly one of result and error")
+
+
+class EpochBackend(ABC):
+    """Runs epoch tasks for one study.
+
+    ``submit`` must return at once; ``wait`` blocks until one submitted epoch has
+    finished (in any order) and returns it. A backend never decides what runs next.
+    """
+
+    @abstractmethod
+    def submit(self, task: EpochTask) -> None: ...
+
+    @abstractmethod
+    def wait(self) -> EpochOutcome: ...
+
+    def release(self, study_id: str, trial_id: int | None = None) -> None:  # noqa: B027
+        """The trial (with ``None``: every trial of the study) has ended: its model need
+        not be kept, and its checkpoints must be on storage when this returns."""
+
+    def cancel(self) -> None:  # noqa: B027 - optional hook
+        """Stop every epoch still running (the study is being abandoned)."""
+
+    def evaluate(self, task: EpochTask, checkpoint: str) -> dict[str, float]:
+        """Rebuild a trial from ``checkpoint`` and evaluate it (proves the checkpoint)."""
+        from pipetune.runner import evaluate_checkpoint
+
+        return evaluate_checkpoint(task, checkpoint)
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

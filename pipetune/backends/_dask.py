@@ -1,0 +1,182 @@
+"""Epochs as plain functions on a Dask cluster, models kept on their workers.
+
+No Prefect runs on the workers: a task submitted here is a bare Dask future (1-2 ms
+of overhead, against 0.24-0.31 s for a Prefect task run executed on a worker). Each
+worker process keeps the workloads of the trials it ran last (:data:`LIVE_TRIALS`),
+and a trial's next epoch is sent to the worker that holds its model whenever that
+worker is free; otherwise to a free worker, which rebuilds it from the checkpoint.
+``allow_other_workers`` lets Dask move it if the chosen worker is lost.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from distributed import as_completed, fire_and_forget, get_worker
+
+from pipetune.backends._base import EpochBackend, EpochOutcome, describe
+
+if TYPE_CHECKING:
+    from distributed import Client, Future
+
+    from pipetune.runner import EpochResult, EpochTask
+
+
+# -- what runs on the workers -----------------------------------------------------------
+
+def remote_epoch(task: EpochTask) -> EpochResult:
+    """Run ``task`` in this worker process, keeping the model for the trial's next epoch."""
+    from pipetune.runner import LIVE_TRIALS, run_epoch
+
+    return run_epoch(task, live=LIVE_TRIALS, address=get_worker().address)
+
+
+def remote_evaluate(task: EpochTask, checkpoint: str) -> dict[str, float]:
+    from pipetune.runner import evaluate_checkpoint
+
+    return evaluate_checkpoint(task, checkpoint)
+
+
+def remote_release(study_id: str, trial_id: int | None) -> int:
+    """Drop live workloads; for a whole study also wait for its checkpoint writes."""
+    from pipetune.checkpoints import flush_checkpoints
+    from pipetune.runner import LIVE_TRIALS
+
+    dropped = LIVE_TRIALS.drop(study_id, trial_id)
+    if trial_id is None:
+        flush_checkpoints()
+    return dropped
+
+
+# -- the driver side ---------------------------------------------------------------------
+
+class DaskBackend(EpochBackend):
+    """Submits epochs to ``client``'s cluster, each claiming ``resources={"cores": n}``.
+
+    Use :meth:`submit` / :meth:`wait`, or call :meth:`run` from several threads (the
+    Prefect flow does: one task run per epoch, each driving one Dask future).
+    """
+
+    def __init__(self, client: Client):
+        self.client = client
+        self._lock = threading.Lock()
+        self._home: dict[tuple[str, int], str] = {}
+        self._busy: Counter[str] = Counter()
+        self._chosen: dict[str, str | None] = {}  # future key -> worker it was sent to
+        self._running: dict[str, tuple[EpochTask, Future]] = {}
+        self._completed = as_completed(loop=client.loop)
+        #: (trial, epoch) -> the worker it was sent to and why, for tests and reports.
+        self.placements: dict[tuple[int, int], tuple[str | None, str]] = {}
+
+    # -- placement -------------------------------------------------------------------
+    def _workers(self) -> list[str]:
+        return sorted(self.client.scheduler_info(n_workers=-1).get("workers", {}))
+
+    def _choose(self, task: EpochTask) -> tuple[str | None, str]:
+        workers = self._workers()
+        home = self._home.get((task.study_id, task.trial_id))
+        if home in workers and self._busy[home] == 0:
+            return home, "holds the model"
+        free = [w for w in workers if self._busy[w] == 0]
+        if free:
+            # Prefer a worker no live trial calls home, so models are not pushed out.
+            homes = set(self._home.values())
+            free.sort(key=lambda w: (w in homes, w))
+            return free[0], "home busy" if home else "new trial"
+        return None, "no free worker"
+
+    def start(self, task: EpochTask) -> Future:
+        """Send ``task`` to the cluster now; return its Dask future."""
+        with self._lock:
+            worker, why = self._choose(task)
+            key = f"{task.name}-{task.phase.value}-{uuid.uuid4().hex[:8]}"
+            future = self.client.submit(
+                remote_epoch, task, key=key, pure=False,
+                resources={"cores": task.system.cores}, **_placed_on(worker),
+            )
+            if worker:
+                self._busy[worker] += 1
+            self._chosen[key] = worker
+            self._running[key] = (task, future)
+            self.placements[(task.trial_id, task.epoch)] = (worker, why)
+        return future
+
+    def settle(self, task: EpochTask, future: Future) -> EpochOutcome:
+        """Block until ``future`` is done; return its outcome and update placement."""
+        try:
+            result = future.result()
+            outcome = EpochOutcome(task, result=result)
+        except BaseException as exc:  # noqa: BLE001 - KilledWorker, CancelledError, ...
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                raise
+            outcome = EpochOutcome(task, error=describe(exc))
+        with self._lock:
+            worker = self._chosen.pop(future.key, None)
+            self._running.pop(future.key, None)
+            if worker:
+                self._busy[worker] -= 1
+            if outcome.result is not None and outcome.result.address:
+                self._home[(task.study_id, task.trial_id)] = outcome.result.address
+        return outcome
+
+    def run(self, task: EpochTask) -> EpochResult:
+        """Run one epoch and wait for it; raise :class:`EpochFailed` if it failed."""
+        outcome = self.settle(task, self.start(task))
+        if outcome.error is not None:
+            raise EpochFailed(outcome.error)
+        assert outcome.result is not None
+        return outcome.result
+
+    # -- the EpochBackend interface ------------------------------------------------------
+    def submit(self, task: EpochTask) -> None:
+        self._completed.add(self.start(task))
+
+    def wait(self) -> EpochOutcome:
+        future = next(self._completed)
+        with self._lock:
+            task, _ = self._running[future.key]
+        return self.settle(task, future)
+
+    def release(self, study_id: str, trial_id: int | None = None) -> None:
+        with self._lock:
+            if trial_id is not None:
+                home = self._home.pop((study_id, trial_id), None)
+            else:
+                home = None
+                for key in [k for k in self._home if k[0] == study_id]:
+                    del self._home[key]
+        if trial_id is not None:
+            if home:
+                fire_and_forget(self.client.submit(
+                    remote_release, study_id, trial_id, workers=[home],
+                    allow_other_workers=False, pure=False, key=f"release-{uuid.uuid4().hex}"))
+        else:
+            self.client.run(remote_release, study_id, None)
+
+    def cancel(self) -> None:
+        with self._lock:
+            futures = [f for _, f in self._running.values()]
+        if futures:
+            self.client.cancel(futures, force=True)
+
+    def evaluate(self, task: EpochTask, checkpoint: str) -> dict[str, float]:
+        home = self._home.get((task.study_id, task.trial_id))
+        return self.client.submit(
+            remote_evaluate, task, checkpoint, pure=False,
+            resources={"cores": task.system.cores}, **_placed_on(home),
+        ).result()
+
+
+def _placed_on(worker: str | None) -> dict[str, Any]:
+    """Submit options that prefer ``worker`` but let Dask move the task if it is lost."""
+    return {"workers": [worker], "allow_other_workers": True} if worker else {}
+
+
+class EpochFailed(RuntimeError):
+    """An epoch task failed on the cluster; the message says how."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), self.args)
