@@ -51,6 +51,34 @@ def embedded_cluster_kwargs(workers: int | None = None) -> dict:
     }
 
 
+#: Imported once in the fork server the embedded workers are forked from, so each worker
+#: starts with torch, its optimiser stack (torch._dynamo: 1.5 s at the first optimiser
+#: step otherwise) and the epoch code loaded instead of importing them itself.
+FORKSERVER_PRELOAD = ["distributed", "torch", "torch._dynamo", "pipetune.backends._dask",
+                      "pipetune.runner", "pipetune.profiler", "pipetune.workloads"]
+
+
+def _use_forkserver() -> None:
+    """Start embedded workers by forking a server that has torch imported (about 1.5 s
+    of CPU saved per worker on this machine). OpenMP reads its settings when torch
+    loads, so the fork server gets the worker environment's OpenMP settings first."""
+    import dask
+    from distributed.utils import get_mp_context
+
+    dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
+    for key, value in WORKER_PROCESS_ENV.items():
+        os.environ.setdefault(key, value)
+    ctx = get_mp_context()  # lets Dask set its own preload list once, then ours wins
+    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+
+
+#: Set in the embedded workers' process environment before torch loads. Passive OpenMP
+#: waiting: an idle OpenMP thread sleeps instead of spinning on a core another trial
+#: needs (measured here under load: one cores=2 epoch took 11.7 s spinning, 0.92 s
+#: passive; benchmarks/RESULTS.md).
+WORKER_PROCESS_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
 def shared_cluster(workers: int | None = None):
     """This process's embedded LocalCluster, started (workers warm) on first call."""
     global _cluster
@@ -58,6 +86,7 @@ def shared_cluster(workers: int | None = None):
         if _cluster is None or _cluster.status.name in ("closed", "closing", "failed"):
             from distributed import LocalCluster
 
+            _use_forkserver()
             kwargs = embedded_cluster_kwargs(workers)
             cluster = LocalCluster(**kwargs)
             client = _client_for(cluster.scheduler_address)
@@ -103,7 +132,7 @@ def cluster_core_budget(dask_address: str) -> int:
     (a worker advertising none counts its threads)."""
     from distributed import Client
 
-    with Client(dask_address, timeout=30, set_as_default=False) as client:
+    with Client(dask_address, timeout=10, set_as_default=False) as client:
         info = client.scheduler_info(n_workers=-1)
     total = 0
     for worker in info.get("workers", {}).values():

@@ -117,6 +117,8 @@ def study_flow(
         "tracking_uri": tracking_uri,
         "experiment_id": tracker.experiment_id,
         "tuning_wall_s": wall_s,
+        "started_at": started,
+        "first_epoch_at": min((t[1] for t in study.epoch_times.values()), default=started),
         **summary.to_metrics(),
         "best_params": summary.best_params,
         "best_system": summary.best_system.label() if summary.best_system else None,

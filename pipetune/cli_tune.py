@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import threading
+import time
 from pathlib import Path
 
 from pipetune.errors import PipetuneError, SpecError
@@ -44,71 +45,110 @@ def _quiet_defaults() -> None:
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
 
 
+class _Startup:
+    """Wall-clock marks from the process's start, printed as where start-up went."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self.t0 = psutil.Process().create_time()
+        self.marks: dict[str, float] = {}
+
+    def mark(self, name: str, at: float | None = None) -> None:
+        self.marks[name] = (at if at is not None else time.time()) - self.t0
+
+    def line(self) -> str:
+        return "start-up (s from process start): " + ", ".join(
+            f"{k} {v:.1f}" for k, v in self.marks.items())
+
+
 def run_tune(args: argparse.Namespace) -> int:
     from pipetune.home import pipetune_home
     from pipetune.prefect_server import prefect_api
-    from pipetune.spec import load_spec
-    from pipetune.tracking import default_tracking_uri, ensure_experiment
 
+    startup_marks = _Startup()
     _check_options(args)
-    spec = load_spec(args.job).with_overrides(
-        trials=args.trials, pipetune_enabled=False if args.no_pipetune else None
-    )
     _quiet_defaults()
-    tracking_uri = args.tracking_uri or default_tracking_uri()
-    core_budget = None
-    if args.dask_address:
-        from flows.cluster import cluster_core_budget
-
-        try:
-            core_budget = cluster_core_budget(args.dask_address)
-        except OSError as exc:
-            raise PipetuneError(f"--dask-address: cannot reach {args.dask_address}: {exc}") from exc
-    # The embedded cluster starts, and the flow's imports and the MLflow store are
-    # readied, while the Prefect server comes up: the study's clock starts with all ready.
+    # The job is checked first (a bad one exits 2 with nothing started); then the Prefect
+    # server, the embedded cluster (its fork server importing torch once for every
+    # worker), the flow's imports and the MLflow store start side by side.
     startup: list[_Background] = []
+    job: dict = {}
 
     def overlap_startup(_url: str) -> None:
-        startup.append(_Background(ensure_experiment, tracking_uri))  # once, before fan-out
         startup.append(_Background(importlib.import_module, "flows.study"))
         if not args.dask_address:
             from flows.cluster import shared_cluster
 
-            startup.append(_Background(shared_cluster))
+            startup.append(_Background(shared_cluster, mark=startup_marks, name="cluster ready"))
 
-    with prefect_api(pipetune_home() / "prefect-server.log", on_url=overlap_startup) as server:
-        from flows.study import study_flow
-        from pipetune.progress import add_listener, remove_listener
+    def check_job() -> None:
+        from pipetune.spec import load_spec
+        from pipetune.tracking import default_tracking_uri, ensure_experiment
 
-        for job in startup:
-            job.result()
-        display = _LiveDisplay(spec.search.trials, spec.objective.metric)
-        add_listener(display.update)
-        try:
-            with display:
-                summary = study_flow(
-                    job=spec.to_dict(),
-                    tracking_uri=tracking_uri,
-                    checkpoint_root=args.checkpoints,
-                    core_budget=core_budget,
-                    dask_address=args.dask_address,
-                )
-        finally:
-            remove_listener(display.update)
-            if not args.dask_address:
-                from flows.cluster import close_shared_cluster
+        spec = load_spec(args.job).with_overrides(
+            trials=args.trials, pipetune_enabled=False if args.no_pipetune else None
+        )
+        startup_marks.mark("job checked")
+        job["spec"] = spec
+        job["tracking_uri"] = args.tracking_uri or default_tracking_uri()
+        job["core_budget"] = None
+        if args.dask_address:
+            from flows.cluster import cluster_core_budget
 
-                close_shared_cluster()
-        _print_summary(summary, spec.objective.metric, os.environ["PREFECT_API_URL"], server)
+            try:
+                job["core_budget"] = cluster_core_budget(args.dask_address)
+            except OSError as exc:
+                raise PipetuneError(
+                    f"--dask-address: cannot reach {args.dask_address}: {exc}") from exc
+        startup.append(_Background(ensure_experiment, job["tracking_uri"]))  # before fan-out
+
+    check_job()
+    try:
+        with prefect_api(pipetune_home() / "prefect-server.log", on_url=overlap_startup) as server:
+            startup_marks.mark("Prefect server ready")
+            for background in startup:
+                background.result()
+            startup_marks.mark("all ready")
+            from flows.study import study_flow
+            from pipetune.progress import add_listener, remove_listener
+
+            spec, tracking_uri = job["spec"], job["tracking_uri"]
+            display = _LiveDisplay(spec.search.trials, spec.objective.metric)
+            add_listener(display.update)
+            try:
+                with display:
+                    summary = study_flow(
+                        job=spec.to_dict(),
+                        tracking_uri=tracking_uri,
+                        checkpoint_root=args.checkpoints,
+                        core_budget=job["core_budget"],
+                        dask_address=args.dask_address,
+                    )
+            finally:
+                remove_listener(display.update)
+            startup_marks.mark("first epoch", summary["first_epoch_at"])
+            startup_marks.mark("study done", summary["started_at"] + summary["tuning_wall_s"])
+            _print_summary(summary, spec.objective.metric, os.environ["PREFECT_API_URL"], server)
+    finally:
+        if not args.dask_address:
+            from flows.cluster import close_shared_cluster
+
+            for background in startup:
+                background.join()
+            close_shared_cluster()
+    startup_marks.mark("servers stopped")
+    print(startup_marks.line())
     return 0 if summary.get("trials_failed", 0) < summary.get("trials", 0) else 1
 
 
 class _Background(threading.Thread):
     """Run ``fn(*args)`` in a thread now; :meth:`result` joins and re-raises."""
 
-    def __init__(self, fn, *args) -> None:
+    def __init__(self, fn, *args, mark: _Startup | None = None, name: str = "") -> None:
         super().__init__(name=f"pipetune-{getattr(fn, '__name__', 'startup')}", daemon=True)
         self._fn, self._args = fn, args
+        self._mark, self._mark_name = mark, name
         self._error: BaseException | None = None
         self._value = None
         self.start()
@@ -116,6 +156,8 @@ class _Background(threading.Thread):
     def run(self) -> None:
         try:
             self._value = self._fn(*self._args)
+            if self._mark is not None:
+                self._mark.mark(self._mark_name)
         except BaseException as exc:  # noqa: BLE001 - re-raised by result()
             self._error = exc
 

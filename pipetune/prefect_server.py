@@ -57,6 +57,11 @@ class LocalPrefectServer:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> LocalPrefectServer:
+        """Launch the server and wait until it is healthy."""
+        return self.launch().wait_healthy()
+
+    def launch(self) -> LocalPrefectServer:
+        """Start the server process and return at once (see :meth:`wait_healthy`)."""
         env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
         env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
         env["PREFECT_SERVER_API_HOST"] = self.host
@@ -72,6 +77,10 @@ class LocalPrefectServer:
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=env, start_new_session=True,
         )
+        return self
+
+    def wait_healthy(self) -> LocalPrefectServer:
+        assert self.process is not None, "launch() first"
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -81,7 +90,7 @@ class LocalPrefectServer:
                 )
             if healthy(self.api_url):
                 return self
-            time.sleep(0.25)
+            time.sleep(0.1)
         self.stop()
         raise PipetuneError(
             f"the local Prefect server did not become healthy within {self.startup_timeout:.0f} s"
@@ -111,25 +120,33 @@ class LocalPrefectServer:
 def prefect_api(
     log_path: str | Path | None = None,
     on_url: Callable[[str], None] | None = None,
+    before_wait: Callable[[], None] | None = None,
 ) -> Iterator[LocalPrefectServer | None]:
     """The Prefect API for one command: the one ``PREFECT_API_URL`` names if set, else a
     :class:`LocalPrefectServer` started here (its URL exported for child processes, such
     as Dask workers) and stopped on exit. Yields the server it started, or None.
 
-    ``on_url(url)`` is called once the URL is known and exported but before the server
-    is healthy, so other start-up work (a cluster) can overlap the server's."""
+    The server's start overlaps the caller's own start-up: ``on_url(url)`` is called
+    once the URL is exported, then the server is launched, then ``before_wait()`` runs
+    (checking the job, say) before waiting for the server to be healthy. If either
+    raises, the server is stopped."""
     if os.environ.get("PREFECT_API_URL"):
         if on_url is not None:
             on_url(os.environ["PREFECT_API_URL"])
+        if before_wait is not None:
+            before_wait()
         yield None
         return
     print(f"starting a local Prefect server on 127.0.0.1 (log: {log_path}) ...", file=sys.stderr)
     server = LocalPrefectServer(log_path=log_path)
     os.environ["PREFECT_API_URL"] = server.api_url
     try:
+        server.launch()
         if on_url is not None:
             on_url(server.api_url)
-        server.start()
+        if before_wait is not None:
+            before_wait()
+        server.wait_healthy()
         yield server
     finally:
         server.stop()
