@@ -10,6 +10,8 @@ of the best trial, the oracle's per-config training times.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import shutil
 import sys
 import time
@@ -79,6 +81,19 @@ def run_study(
     return summary, study
 
 
+OPTUNA_PLAIN = "optuna-plain"
+
+
+def run_optuna_plain(spec: JobSpec, out: Path, *, cores: int) -> StrategyResult:
+    """The user's alternative, in a fresh process so its whole-process time is honest."""
+    from pipetune.bench import result_from_optuna
+    from pipetune.bench_optuna import run_subprocess
+
+    job_file = out / "optuna-plain-job.json"
+    job_file.write_text(json.dumps(spec.to_dict()))  # JSON is YAML: load_spec reads it
+    return result_from_optuna(run_subprocess(job_file, n_jobs=cores))
+
+
 def run_bench(
     job: BenchJob,
     *,
@@ -104,7 +119,7 @@ def run_bench(
         job=job.spec.name, metric=str(job.spec.objective.metric), mode=job.spec.objective.mode,
         data=job.data, quick=job.quick, machine=machine_description(machine), command=command,
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), strategies=results,
-        bench_run_id=tracker.run_id,
+        bench_run_id=tracker.run_id, optuna_target=job.optuna_target,
     )
     try:
         for name in strategies:
@@ -114,13 +129,19 @@ def run_bench(
             _say(f"{name}: {spec.search.trials} trials, default [{spec.system.default.label()}],"
                  f" max_concurrent {spec.search.max_concurrent}, pipetune "
                  f"{'on' if spec.pipetune.enabled else 'off'}")
-            summary, study = run_study(
-                spec, name=name, tracking_uri=tracking_uri,
-                checkpoint_root=str(checkpoints), groundtruth_path=str(groundtruth),
-                dask_address=dask_address,
-            )
-            result = result_from_study(name, study, summary["tuning_wall_s"],
-                                       summary["parent_run_id"])
+            if name == OPTUNA_PLAIN:
+                result = run_optuna_plain(spec, out, cores=machine.cores)
+            else:
+                call_started = time.time()
+                summary, study = run_study(
+                    spec, name=name, tracking_uri=tracking_uri,
+                    checkpoint_root=str(checkpoints), groundtruth_path=str(groundtruth),
+                    dask_address=dask_address,
+                )
+                result = dataclasses.replace(
+                    result_from_study(name, study, summary["tuning_wall_s"],
+                                      summary["parent_run_id"]),
+                    process_wall_s=time.time() - call_started)
             results.append(result)
             tracker.log_strategy(result, spec)
             _say(f"{name}: {result.tuning_wall_s:.1f} s, best {result.best_value}, "

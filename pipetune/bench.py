@@ -8,6 +8,10 @@ what the numbers mean.
 Strategies, all with the job's hyperparameter space, trial budget and seeds:
 
 =================  =====================================================================
+``optuna-plain``   the user's alternative: a plain in-process Optuna study of the same
+                   workload code (TPE + SuccessiveHalvingPruner from the job's ASHA
+                   settings, ``n_jobs`` = cores, one torch thread each), in a fresh
+                   process with no Prefect, Dask or MLflow (:mod:`pipetune.bench_optuna`)
 ``v1-default``     hyperparameters only; every epoch under the job's default config with
                    all of the machine's cores, one trial at a time (a framework default)
 ``v1-one-core``    hyperparameters only; one core per trial, as many trials at once as
@@ -57,6 +61,7 @@ if TYPE_CHECKING:
 
 #: Tuning strategies in the order the bench runs them (the oracle comes last).
 STRATEGIES: tuple[str, ...] = (
+    "optuna-plain",
     "v1-default",
     "v1-one-core",
     "v2",
@@ -67,6 +72,7 @@ ORACLE = "oracle"
 REFERENCE = "v1-default"
 #: How each strategy uses the ground truth: none, a fresh (empty) one, or the cold run's.
 GROUNDTRUTH_USE: dict[str, str] = {
+    "optuna-plain": "none",
     "v1-default": "none",
     "v1-one-core": "none",
     "v2": "none",
@@ -74,7 +80,9 @@ GROUNDTRUTH_USE: dict[str, str] = {
     "pipetune-warm": "reuse",
 }
 _DATA_KEYS = ("dataset", "data_dir", "path")
-_BENCH_KEYS = ("datasets", "fallback", "quick")
+_BENCH_KEYS = ("datasets", "fallback", "quick", "optuna_target")
+#: Default target for pipetune-cold's tuning time as a multiple of optuna-plain's.
+OPTUNA_TARGET = 1.05
 _QUICK_KEYS = ("trials", "max_epochs", "workload_params")
 
 
@@ -89,6 +97,8 @@ class BenchJob:
     path: str
     data: str
     quick: bool
+    #: pipetune-cold's tuning time must be at most this multiple of optuna-plain's.
+    optuna_target: float = OPTUNA_TARGET
 
 
 def load_bench_job(
@@ -130,7 +140,11 @@ def load_bench_job(
     if quick:
         data = quick_overrides(data, bench.get("quick"))
     spec = JobSpec.from_dict(data, machine=machine)
-    return BenchJob(spec=spec, path=str(path), data=note, quick=quick)
+    target = bench.get("optuna_target", OPTUNA_TARGET)
+    if isinstance(target, bool) or not isinstance(target, int | float) or target <= 0:
+        raise SpecError("bench.optuna_target", f"must be a number > 0, got {target!r}")
+    return BenchJob(spec=spec, path=str(path), data=note, quick=quick,
+                    optuna_target=float(target))
 
 
 def resolve_data_params(
@@ -215,7 +229,10 @@ def strategy_spec(name: str, base: JobSpec, machine: MachineInfo) -> JobSpec:
     PipeTune job as written."""
     data = base.to_dict()
     default = data["system"]["default"]
-    if name == "v1-default":
+    if name == "optuna-plain":
+        data["pipetune"]["enabled"] = False
+        data["search"]["max_concurrent"] = machine.cores
+    elif name == "v1-default":
         data["pipetune"]["enabled"] = False
         data["system"]["default"] = {**default, "cores": machine.cores}
         data["search"]["max_concurrent"] = 1
@@ -285,6 +302,10 @@ class StrategyResult:
     #: The overhead split as :func:`pipetune.study.orchestration_overhead` splits it:
     #: task round trip, worker-side rebuild + checkpoint I/O, loop gap between epochs.
     overhead_parts_s: dict[str, float] = field(default_factory=dict)
+    #: Wall time of the whole run as the user would wait for it: for optuna-plain its
+    #: fresh process (interpreter start and imports included), for the studies the
+    #: flow call (flow run created to summary returned; the shared cluster was warm).
+    process_wall_s: float | None = None
 
     @property
     def overhead_share(self) -> float:
@@ -342,6 +363,29 @@ def result_from_study(
     )
 
 
+def result_from_optuna(result: Any) -> StrategyResult:
+    """A :class:`StrategyResult` from :class:`pipetune.bench_optuna.OptunaPlainResult`:
+    no probes, no ground truth, no orchestration; energy not metered."""
+    return StrategyResult(
+        strategy="optuna-plain",
+        tuning_wall_s=float(result.tuning_wall_s),
+        best_value=result.best_value,
+        best_params=result.best_params,
+        chosen_system=None,
+        epochs_run=result.epochs_run,
+        probe_epochs=0,
+        groundtruth_hits=0,
+        groundtruth_lookups=0,
+        energy_j=math.nan,
+        energy_source="not metered",
+        best_epoch_s_in_study=None,
+        overhead_s=math.nan,
+        compute_s=math.nan,
+        overhead_median_s=math.nan,
+        process_wall_s=float(result.process_wall_s),
+    )
+
+
 def oracle_rows(study: Study) -> list[OracleRow]:
     """Per system config of an oracle study: full-epoch training time, fastest first."""
     rows = []
@@ -388,6 +432,7 @@ class BenchResult:
     oracle_wall_s: float | None = None
     bench_wall_s: float | None = None
     bench_run_id: str | None = None
+    optuna_target: float = OPTUNA_TARGET
 
     def get(self, strategy: str) -> StrategyResult | None:
         return next((s for s in self.strategies if s.strategy == strategy), None)
@@ -408,6 +453,7 @@ class BenchResult:
     def table(self) -> list[dict[str, Any]]:
         """One row per strategy with the ratios (``nan`` when a side is missing)."""
         ref = self.get(REFERENCE)
+        plain = self.get("optuna-plain")
         ref_train = self.training_s(REFERENCE)
         oracle = self.oracle_best_s
         rows = []
@@ -416,6 +462,9 @@ class BenchResult:
             rows.append({
                 "strategy": s.strategy,
                 "tuning_wall_s": s.tuning_wall_s,
+                "process_wall_s": s.process_wall_s,
+                "tuning_vs_optuna": _ratio(s.tuning_wall_s,
+                                           plain.tuning_wall_s if plain else None),
                 "tuning_vs_v1": _ratio(s.tuning_wall_s, ref.tuning_wall_s if ref else None),
                 f"best_{self.metric}": s.best_value,
                 "epochs_run": s.epochs_run,
@@ -443,17 +492,18 @@ class BenchResult:
             out.append({"target": name, "measured": measured,
                         "met": "n/a" if met is None else ("yes" if met else "NO")})
 
-        if v1 and cold:
-            r = cold.tuning_wall_s / v1.tuning_wall_s
-            add("PipeTune cold tuning time <= 0.8 x V1-default", f"{r:.2f} x", r <= 0.8)
-        if fixed and cold:
-            best_fixed = min(fixed, key=lambda s: s.tuning_wall_s)
-            r = cold.tuning_wall_s / best_fixed.tuning_wall_s
-            add("PipeTune cold tuning time <= best fixed V1 config",
-                f"{r:.2f} x {best_fixed.strategy}", r <= 1.0)
+        plain = self.get("optuna-plain")
+        if plain and cold:
+            r = cold.tuning_wall_s / plain.tuning_wall_s
+            add(f"PipeTune cold tuning time <= {self.optuna_target:g} x optuna-plain",
+                f"{r:.2f} x", r <= self.optuna_target)
         if cold and warm:
             r = warm.tuning_wall_s / cold.tuning_wall_s
             add("PipeTune warm <= 0.9 x PipeTune cold", f"{r:.2f} x", r <= 0.9)
+        for s in (cold, warm):
+            if v1 and s:
+                r = s.tuning_wall_s / v1.tuning_wall_s
+                add(f"{s.strategy} tuning time <= 0.85 x v1-default", f"{r:.2f} x", r <= 0.85)
         scale = 100.0 if self.metric == "accuracy" else 1.0
         v1_best = [s.best_value for s in fixed if s.best_value is not None]
         for s in (cold, warm):
@@ -477,8 +527,8 @@ class BenchResult:
         shares = [s.overhead_share for s in self.strategies if not math.isnan(s.overhead_share)]
         if shares:
             worst = max(shares)
-            add("orchestration overhead < 5% of wall time", f"max {worst:.1%} over strategies",
-                worst < 0.05)
+            add("orchestration overhead <= 10% of epoch time", f"max {worst:.1%} over strategies",
+                worst <= 0.10)
         return out
 
     @classmethod
@@ -529,15 +579,16 @@ def markdown(bench: BenchResult) -> str:
         lines.append(f"- whole bench wall time: {bench.bench_wall_s:.0f} s")
     if bench.bench_run_id:
         lines.append(f"- MLflow bench run: `{bench.bench_run_id}` (experiment `pipetune-bench`)")
-    lines += ["", "| strategy | tuning s | vs V1 | best " + bench.metric + " | epochs | probes "
-              "| GT hits | energy J | vs V1 | chosen system | train s | vs V1 | vs oracle "
-              "| overhead |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+    lines += ["", "| strategy | tuning s | process s | vs optuna | vs V1 | best " + bench.metric
+              + " | epochs | probes | GT hits | energy J | vs V1 | chosen system | train s "
+              "| vs V1 | vs oracle | overhead |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     for row in bench.table():
         lines.append(
-            "| {strategy} | {t} | {tr} | {m} | {e} | {p} | {gt} | {en} ({src}) | {er} | {sys} "
-            "| {ts} | {tv} | {to} | {oh} |".format(
+            "| {strategy} | {t} | {ps} | {tp} | {tr} | {m} | {e} | {p} | {gt} | {en} ({src}) "
+            "| {er} | {sys} | {ts} | {tv} | {to} | {oh} |".format(
                 strategy=row["strategy"], t=_fmt(row["tuning_wall_s"], 1),
+                ps=_fmt(row["process_wall_s"], 1), tp=_fmt(row["tuning_vs_optuna"]),
                 tr=_fmt(row["tuning_vs_v1"]), m=_fmt(row[f"best_{bench.metric}"], 4),
                 e=row["epochs_run"], p=row["probe_epochs"], gt=row["gt_hits"],
                 en=_fmt(row["energy_j"], 0), src=row["energy_source"],
@@ -711,6 +762,8 @@ class BenchTracker:
         }
         if result.best_value is not None:
             values["best_value"] = result.best_value
+        if result.process_wall_s is not None:
+            values["process_wall_s"] = result.process_wall_s
         if result.best_epoch_s_in_study is not None:
             values["best_epoch_s_in_study"] = result.best_epoch_s_in_study
         params = [Param("system.default", spec.system.default.label()),

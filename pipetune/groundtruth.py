@@ -388,6 +388,12 @@ class GroundTruth:
                 raise
 
     # -- clustering ----------------------------------------------------------------
+    def prepare(self) -> None:
+        """Read the store and fit its clusters now (scikit-learn's import included), so
+        a study's first lookup does not pay for it; the fit is reused until the store
+        changes. Safe to call from a background thread."""
+        self._fitted()
+
     def _fitted(self) -> _Fit | None:
         records, raw = self._read()
         key = hashlib.sha1(raw).hexdigest()

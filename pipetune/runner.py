@@ -66,6 +66,9 @@ class EpochResult:
     #: Seconds spent in the worker around the training itself: building the workload
     #: and loading its checkpoint, evaluating, saving the next checkpoint.
     setup_s: float = 0.0
+    #: Of ``setup_s``, the workload's constructor (its data, cached per process after
+    #: the first build): the workload's own cost, which any tuner pays once per process.
+    build_s: float = 0.0
     eval_s: float = 0.0
     checkpoint_s: float = 0.0
     #: Whether the model came from memory (the trial's previous epoch ran here) rather
@@ -140,8 +143,10 @@ def run_epoch(task: EpochTask, live: LiveTrials | None = None, address: str = ""
     started = time.time()
     workload = live.take(task) if live is not None else None
     reused = workload is not None
+    build_s = 0.0
     if workload is None:
         workload = resolve_workload(task.workload)(**task.workload_params)
+        build_s = time.time() - started
         workload.setup(task.hparams, task.seed)
         if task.checkpoint_in is not None:
             CheckpointStore.load(workload, task.checkpoint_in)
@@ -184,6 +189,7 @@ def run_epoch(task: EpochTask, live: LiveTrials | None = None, address: str = ""
         worker=f"{socket.gethostname()}:{os.getpid()}",
         notes=list(applied.notes),
         setup_s=setup_done - started,
+        build_s=build_s,
         eval_s=eval_s,
         checkpoint_s=checkpoint_s,
         reused_model=reused,

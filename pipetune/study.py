@@ -509,7 +509,9 @@ def orchestration_overhead(study: Study) -> list[dict[str, float]]:
 
     ``round_trip_s``: handed to the executor -> result back in the loop, minus the
     time the worker spent on the epoch (task submission, scheduling, state updates,
-    result transfer). ``worker_extra_s``: workload rebuild + checkpoint load and save.
+    result transfer). ``worker_extra_s``: model rebuild + checkpoint load, and the
+    checkpoint snapshot (its write is in the background). ``build_s`` (not overhead):
+    the workload's constructor, i.e. loading its data, once per worker process.
     ``loop_gap_s``: result back -> the trial's next epoch ready (ground-truth lookup,
     tuning decision, tracking). ``compute_s``: training + evaluation. ``core_wait_s``
     (not overhead): ready -> handed out, waiting for the cores its config reserves.
@@ -526,7 +528,8 @@ def orchestration_overhead(study: Study) -> list[dict[str, float]]:
                 "epoch": r.epoch,
                 "compute_s": r.measurement.wall_s + r.eval_s,
                 "round_trip_s": (back - handed) - worker_s,
-                "worker_extra_s": r.setup_s + r.checkpoint_s,
+                "worker_extra_s": r.setup_s - r.build_s + r.checkpoint_s,
+                "build_s": r.build_s,
                 "loop_gap_s": (nxt[0] - back) if nxt and i + 1 < len(trial.results) else 0.0,
                 "core_wait_s": handed - ready,
             })

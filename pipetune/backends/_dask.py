@@ -10,7 +10,9 @@ worker is free; otherwise to a free worker, which rebuilds it from the checkpoin
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 import uuid
 from collections import Counter
 from typing import TYPE_CHECKING, Any
@@ -60,6 +62,8 @@ class DaskBackend(EpochBackend):
     Prefect flow does: one task run per epoch, each driving one Dask future).
     """
 
+    WORKERS_TTL_S = 2.0
+
     def __init__(self, client: Client):
         self.client = client
         self._lock = threading.Lock()
@@ -68,12 +72,21 @@ class DaskBackend(EpochBackend):
         self._chosen: dict[str, str | None] = {}  # future key -> worker it was sent to
         self._running: dict[str, tuple[EpochTask, Future]] = {}
         self._completed = as_completed(loop=client.loop)
+        self._workers_cache: list[str] = []
+        self._workers_at = -math.inf
         #: (trial, epoch) -> the worker it was sent to and why, for tests and reports.
         self.placements: dict[tuple[int, int], tuple[str | None, str]] = {}
 
     # -- placement -------------------------------------------------------------------
     def _workers(self) -> list[str]:
-        return sorted(self.client.scheduler_info(n_workers=-1).get("workers", {}))
+        """The cluster's workers, asked of the scheduler at most every
+        :attr:`WORKERS_TTL_S` (each ask is a round trip of several ms)."""
+        now = time.monotonic()
+        if now - self._workers_at > self.WORKERS_TTL_S:
+            info = self.client.scheduler_info(n_workers=-1)
+            self._workers_cache = sorted(info.get("workers", {}))
+            self._workers_at = now
+        return self._workers_cache
 
     def _choose(self, task: EpochTask) -> tuple[str | None, str]:
         workers = self._workers()
