@@ -12,7 +12,7 @@ import atexit
 import os
 import threading
 
-from pipetune.system.config import MachineInfo
+from pipetune.system.config import MachineInfo, process_resource
 
 _lock = threading.Lock()
 _cluster = None
@@ -39,11 +39,12 @@ def embedded_cluster_kwargs(workers: int | None = None) -> dict:
     env = {k: os.environ[k] for k in WORKER_ENV if k in os.environ}
     dask.config.set({"distributed.worker.daemon": False})
     env["DASK_DISTRIBUTED__WORKER__DAEMON"] = "False"
+    policy = os.environ.get("OMP_WAIT_POLICY", WORKER_PROCESS_ENV["OMP_WAIT_POLICY"]).lower()
     return {
         "n_workers": max(1, min(workers or cores, cores)),
         "threads_per_worker": 1,
         "processes": True,
-        "resources": {"cores": cores},
+        "resources": {"cores": cores, process_resource("omp_wait_policy", policy): 1},
         "host": "127.0.0.1",
         "dashboard_address": "127.0.0.1:0",
         "env": env,
@@ -94,6 +95,52 @@ def shared_cluster(workers: int | None = None):
             _cluster = cluster
             atexit.register(close_shared_cluster)
         return _cluster
+
+
+def process_knob_values(spec) -> set[str]:
+    """The OpenMP wait policies a job's epochs may ask for (default, space, and
+    ``system.omp_wait_policy`` hyperparameters), ``inherit`` left out."""
+    values = {spec.system.default.omp_wait_policy, *spec.system.space.get("omp_wait_policy", [])}
+    dist = spec.hyperparameters.get("system.omp_wait_policy")
+    values.update(getattr(dist, "values", ()) or ())
+    return {str(v) for v in values} - {"inherit"}
+
+
+def ensure_worker_groups(policies: set[str]) -> None:
+    """Give the embedded cluster workers started with each OpenMP wait policy asked
+    for, as many as it has of its first group (each a fresh *spawned* process, so
+    OpenMP reads the policy when torch loads; the fork server's workers inherit its)."""
+    import copy
+
+    import dask
+
+    cluster = shared_cluster()
+    client = client_for(None)
+    workers = client.scheduler_info(n_workers=-1)["workers"].values()
+    present = {name.split("=", 1)[1] for w in workers for name in w.get("resources", {})
+               if name.startswith("omp_wait_policy=")}
+    missing = sorted(policies - present)
+    if not missing:
+        return
+    per_group = embedded_cluster_kwargs()["n_workers"]
+    base = cluster.new_spec
+    total = len(cluster.worker_spec)
+    try:
+        for policy in missing:
+            spec = copy.deepcopy(base)
+            options = spec["options"]
+            options["env"] = {**options.get("env", {}), "OMP_WAIT_POLICY": policy.upper()}
+            options["resources"] = {
+                k: v for k, v in options["resources"].items()
+                if not k.startswith("omp_wait_policy=")
+            } | {process_resource("omp_wait_policy", policy): 1}
+            cluster.new_spec = spec
+            total += per_group
+            with dask.config.set({"distributed.worker.multiprocessing-method": "spawn"}):
+                cluster.scale(total)
+                client.wait_for_workers(total, timeout=120)
+    finally:
+        cluster.new_spec = base
 
 
 def close_shared_cluster() -> None:

@@ -21,7 +21,12 @@ from prefect import flow, get_run_logger
 from prefect.runtime import deployment, flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows.cluster import client_for, cluster_core_budget
+from flows.cluster import (
+    client_for,
+    cluster_core_budget,
+    ensure_worker_groups,
+    process_knob_values,
+)
 from flows.params import CoreBudget, JobArgument, TrialsOverride
 from pipetune.backends import DaskBackend
 from pipetune.checkpoints import CheckpointStore
@@ -69,6 +74,8 @@ def study_flow(
         min_bound=spec.pipetune.similarity.min_bound,
     )
     client = client_for(dask_address)
+    if dask_address is None:  # workers for OpenMP policies the job asks for, before the clock
+        ensure_worker_groups(process_knob_values(spec))
     if core_budget is None and dask_address:
         core_budget = cluster_core_budget(dask_address)
     study = Study(
@@ -90,8 +97,6 @@ def study_flow(
                          name="pipetune-groundtruth-prepare").start()
 
     def on_step(event: StepEvent) -> None:
-        if event.result is not None:
-            tracker.log_epoch(event.trial, event.result)
         if event.ended:
             if event.result is None:
                 logger.warning("trial %s failed: %s", event.trial.trial_id, event.trial.error)
@@ -102,7 +107,7 @@ def study_flow(
     try:
         notify(study)
         study.run(
-            backend, on_step=on_step,
+            backend, on_step=on_step, on_result=tracker.log_epoch,
             lookup=lambda trial_id: lookup_groundtruth(study, trial_id),
             decide=lambda trial_id, epoch: decide_system(study, trial_id, epoch),
         )

@@ -23,6 +23,9 @@ class SpecError(PipetuneError):
         self.message = message
         super().__init__(f"{field}: {message}" if field else message)
 
+    def __reduce__(self):  # survives pickling, so a worker's error reaches the driver
+        return (type(self), (self.field, self.message))
+
 
 class SystemConfigError(SpecError):
     """A system knob value this machine cannot honour, or that is malformed."""

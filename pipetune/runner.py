@@ -40,6 +40,9 @@ class EpochTask:
     op_mix_steps: int = 10
     perf: str = "auto"
     watts_per_core: float = 10.0
+    #: Cores a pinned epoch (``system.pin_cores``) runs on, given by the executor so
+    #: that co-running pinned epochs do not share cores; empty: the process's first.
+    cpus: tuple[int, ...] = ()
 
     @property
     def name(self) -> str:
@@ -76,6 +79,9 @@ class EpochResult:
     reused_model: bool = False
     #: The executor's name for where it ran (a Dask worker address), for locality.
     address: str = ""
+    #: The config as the worker process really ran it, read back inside the epoch
+    #: (torch threads, OpenMP wait policy, cores its threads could use).
+    actual: dict[str, Any] = field(default_factory=dict)
 
     def cost(self, objective: str) -> float:
         return self.measurement.cost(objective)
@@ -157,7 +163,7 @@ def run_epoch(task: EpochTask, live: LiveTrials | None = None, address: str = ""
         device=task.system.device,
     )
     setup_done = time.time()
-    with applied_system_config(task.system) as applied:
+    with applied_system_config(task.system, task.cpus) as applied:
         # The operator mix is sampled in the profiled epoch only: it is what the ground
         # truth matches on, and later epochs keep the cheap counters.
         stats, measurement = profiler.measure(
@@ -194,6 +200,7 @@ def run_epoch(task: EpochTask, live: LiveTrials | None = None, address: str = ""
         checkpoint_s=checkpoint_s,
         reused_model=reused,
         address=address,
+        actual=dict(applied.actual),
     )
 
 

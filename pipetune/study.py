@@ -378,10 +378,13 @@ class Study:
         *,
         lookup: Callable[[int], GroundTruthMatch] | None = None,
         decide: Callable[[int, int], TuningDecision] | None = None,
+        on_result: Callable[[Trial, EpochResult], None] | None = None,
     ) -> StepEvent:
         """Submit every epoch that fits, wait for one to finish, and act on it.
 
-        ``lookup(trial_id)`` and ``decide(trial_id, epoch)`` default to
+        ``on_result(trial, result)`` sees each finished epoch as soon as the engine has
+        it, before any policy is consulted (so a record of it survives a failing
+        lookup). ``lookup(trial_id)`` and ``decide(trial_id, epoch)`` default to
         :meth:`lookup` and :meth:`decide`; a caller may wrap them (they must call
         those methods). Returns what happened to the trial whose epoch finished.
         """
@@ -398,7 +401,10 @@ class Study:
             return StepEvent(trial, None, ended=True)
         result = outcome.result
         assert result is not None
-        if self.on_epoch_done(result) is Decision.CONTINUE:
+        decision = self.on_epoch_done(result)
+        if on_result is not None:
+            on_result(trial, result)
+        if decision is Decision.CONTINUE:
             if self.needs_lookup(task.trial_id):
                 self.set_match(task.trial_id, (lookup or self.lookup)(task.trial_id))
             choice = (decide or (lambda t, _e: self.decide(t)))(task.trial_id, task.epoch)

@@ -2,9 +2,11 @@
 
 A Prefect task run executed *on* a Dask worker costs 0.24-0.31 s (the flow-run
 context serialised into every submit, settings, clients and the engine rebuilt on the
-worker). Here the task run lives in the flow process's thread pool (~5 ms) and the
-epoch itself is a plain function on the cluster (:class:`pipetune.backends.DaskBackend`),
-so the Prefect UI still shows one task run per epoch, lasting as long as the epoch.
+worker). Here the epoch is a plain function on the cluster
+(:class:`pipetune.backends.DaskBackend`) and its task run lives in the flow process's
+thread pool, mirroring the epoch's Dask future: the Prefect UI still shows one task
+run per epoch, lasting as long as the epoch, and Prefect costs the study nothing on
+its critical path but the thread's CPU.
 """
 
 from __future__ import annotations
@@ -13,10 +15,9 @@ from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from prefect.futures import PrefectFuture, as_completed
+from prefect.futures import PrefectFuture
 
 from pipetune.backends import EpochBackend, EpochOutcome
-from pipetune.backends._base import describe
 from pipetune.runner import EpochResult, EpochTask
 
 
@@ -26,10 +27,13 @@ from pipetune.runner import EpochResult, EpochTask
     cache_policy=NO_CACHE,
     persist_result=False,
 )
-def train_epoch(epoch_task: EpochTask, backend: Any) -> EpochResult:
-    """Train, profile, evaluate and checkpoint one epoch under its system config, on the
-    cluster ``backend`` drives (a :class:`~pipetune.backends.DaskBackend`)."""
-    return backend.run(epoch_task)
+def train_epoch(epoch_task: EpochTask, running: Any) -> EpochResult:
+    """Train, profile, evaluate and checkpoint one epoch under its system config.
+
+    The epoch is already running on the cluster as the Dask future ``running`` (sent
+    before this task run started, so Prefect's own start-up overlaps the epoch); the
+    task run lasts until it is done and fails if it fails."""
+    return running.result()
 
 
 @task(name="evaluate-best", cache_policy=NO_CACHE, persist_result=False)
@@ -39,32 +43,38 @@ def evaluate_checkpoint(epoch_task: EpochTask, checkpoint: str, backend: Any) ->
 
 
 class PrefectEpochBackend(EpochBackend):
-    """One ``train-epoch`` task run per epoch, submitted to the flow's thread pool; each
-    runs its epoch on ``cluster`` (a backend with a blocking ``run(task)``)."""
+    """One ``train-epoch`` task run per epoch, in the flow's thread pool, mirroring the
+    epoch's Dask future on ``cluster`` (a :class:`~pipetune.backends.DaskBackend`).
+
+    The engine hears of a finished epoch from the Dask future itself, so neither the
+    task run's start nor its completion is on the study's critical path; every task
+    run is settled before the study ends (:meth:`release` of the whole study).
+    """
 
     def __init__(self, cluster: Any):
         self.cluster = cluster
-        self._running: dict[PrefectFuture, EpochTask] = {}
+        self._task_runs: list[PrefectFuture] = []
 
     def submit(self, task: EpochTask) -> None:
-        self._running[train_epoch.submit(task, self.cluster)] = task
+        running = self.cluster.submit(task)
+        self._task_runs.append(train_epoch.submit(task, running))
 
     def wait(self) -> EpochOutcome:
-        future = next(as_completed(list(self._running)))
-        task = self._running.pop(future)
-        try:
-            return EpochOutcome(task, result=future.result())
-        except Exception as exc:  # noqa: BLE001 - the trial fails, the study goes on
-            return EpochOutcome(task, error=describe(exc))
+        return self.cluster.wait()
+
+    def _settle_task_runs(self, timeout: float | None = None) -> None:
+        runs, self._task_runs = self._task_runs, []
+        for future in runs:
+            future.wait(timeout=timeout)
 
     def release(self, study_id: str, trial_id: int | None = None) -> None:
         self.cluster.release(study_id, trial_id)
+        if trial_id is None:
+            self._settle_task_runs()
 
     def cancel(self) -> None:
         self.cluster.cancel()
-        for future in list(self._running):
-            future.wait(timeout=10)
-        self._running.clear()
+        self._settle_task_runs(timeout=10)
 
     def evaluate(self, task: EpochTask, checkpoint: str) -> dict[str, float]:
         return evaluate_checkpoint(task, checkpoint, self.cluster)

@@ -10,6 +10,7 @@ worker is free; otherwise to a free worker, which rebuilds it from the checkpoin
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from distributed import as_completed, fire_and_forget, get_worker
 
 from pipetune.backends._base import EpochBackend, EpochOutcome, describe
+from pipetune.system.config import PROCESS_KNOBS, process_resource
 
 if TYPE_CHECKING:
     from distributed import Client, Future
@@ -34,6 +36,13 @@ def remote_epoch(task: EpochTask) -> EpochResult:
     from pipetune.runner import LIVE_TRIALS, run_epoch
 
     return run_epoch(task, live=LIVE_TRIALS, address=get_worker().address)
+
+
+def remote_refuse(message_field: str, message: str) -> None:
+    """Run in place of an epoch no worker of the cluster can run as asked."""
+    from pipetune.errors import SystemConfigError
+
+    raise SystemConfigError(message_field, message)
 
 
 def remote_evaluate(task: EpochTask, checkpoint: str) -> dict[str, float]:
@@ -72,44 +81,85 @@ class DaskBackend(EpochBackend):
         self._chosen: dict[str, str | None] = {}  # future key -> worker it was sent to
         self._running: dict[str, tuple[EpochTask, Future]] = {}
         self._completed = as_completed(loop=client.loop)
-        self._workers_cache: list[str] = []
+        self._workers_cache: dict[str, dict[str, float]] = {}
+        self._cpus_in_use: dict[str, set[int]] = {}
         self._workers_at = -math.inf
         #: (trial, epoch) -> the worker it was sent to and why, for tests and reports.
         self.placements: dict[tuple[int, int], tuple[str | None, str]] = {}
 
     # -- placement -------------------------------------------------------------------
-    def _workers(self) -> list[str]:
-        """The cluster's workers, asked of the scheduler at most every
-        :attr:`WORKERS_TTL_S` (each ask is a round trip of several ms)."""
+    def _workers(self) -> dict[str, dict[str, float]]:
+        """The cluster's workers and the resources each advertises, asked of the
+        scheduler at most every :attr:`WORKERS_TTL_S` (each ask is a round trip)."""
         now = time.monotonic()
         if now - self._workers_at > self.WORKERS_TTL_S:
-            info = self.client.scheduler_info(n_workers=-1)
-            self._workers_cache = sorted(info.get("workers", {}))
+            info = self.client.scheduler_info(n_workers=-1).get("workers", {})
+            self._workers_cache = {addr: dict(w.get("resources") or {})
+                                   for addr, w in sorted(info.items())}
             self._workers_at = now
         return self._workers_cache
 
-    def _choose(self, task: EpochTask) -> tuple[str | None, str]:
-        workers = self._workers()
+    def _resources(self, task: EpochTask, workers: dict[str, dict[str, float]]) -> dict:
+        """``cores``, plus the resource of each process knob the epoch sets, when the
+        cluster has workers advertising it (else the worker checks, and refuses, itself)."""
+        resources: dict[str, float] = {"cores": task.system.cores}
+        advertised = {name for res in workers.values() for name in res}
+        for knob in PROCESS_KNOBS:
+            value = getattr(task.system, knob)
+            name = process_resource(knob, value)
+            if value != "inherit" and any(n.startswith(f"{knob}=") for n in advertised):
+                resources[name] = 1
+        return resources
+
+    def _choose(self, task: EpochTask, workers: dict[str, dict[str, float]],
+                resources: dict[str, float]) -> tuple[str | None, str]:
+        able = [w for w, res in workers.items()
+                if all(res.get(k, 0) >= v for k, v in resources.items() if k != "cores")]
         home = self._home.get((task.study_id, task.trial_id))
-        if home in workers and self._busy[home] == 0:
+        if home in able and self._busy[home] == 0:
             return home, "holds the model"
-        free = [w for w in workers if self._busy[w] == 0]
+        free = [w for w in able if self._busy[w] == 0]
         if free:
             # Prefer a worker no live trial calls home, so models are not pushed out.
             homes = set(self._home.values())
             free.sort(key=lambda w: (w in homes, w))
-            return free[0], "home busy" if home else "new trial"
+            return free[0], "home busy" if home in able else "new trial"
         return None, "no free worker"
+
+    def _pin(self, task: EpochTask, worker: str | None,
+             workers: dict[str, dict[str, float]]) -> tuple[int, ...]:
+        """Cores for a pinned epoch on ``worker``'s host, none of them used by another
+        pinned epoch running there."""
+        if not task.system.pin_cores or worker is None:
+            return ()
+        host = _host(worker)
+        total = int(max((res.get("cores", 1) for w, res in workers.items()
+                         if _host(w) == host), default=1))
+        used = self._cpus_in_use.setdefault(host, set())
+        chosen = tuple(c for c in range(total) if c not in used)[: task.system.cores]
+        used.update(chosen)
+        return chosen
 
     def start(self, task: EpochTask) -> Future:
         """Send ``task`` to the cluster now; return its Dask future."""
         with self._lock:
-            worker, why = self._choose(task)
+            workers = self._workers()
+            resources = self._resources(task, workers)
+            worker, why = self._choose(task, workers, resources)
             key = f"{task.name}-{task.phase.value}-{uuid.uuid4().hex[:8]}"
-            future = self.client.submit(
-                remote_epoch, task, key=key, pure=False,
-                resources={"cores": task.system.cores}, **_placed_on(worker),
-            )
+            needs = [k for k in resources if k != "cores"]
+            if needs and not any(all(r.get(k, 0) for k in needs) for r in workers.values()):
+                future = self.client.submit(
+                    remote_refuse, "system", f"no worker of the cluster advertises "
+                    f"{', '.join(needs)}: start one with that environment", key=key, pure=False)
+            else:
+                cpus = self._pin(task, worker, workers)
+                if cpus:
+                    task = dataclasses.replace(task, cpus=cpus)
+                future = self.client.submit(
+                    remote_epoch, task, key=key, pure=False, resources=resources,
+                    **_placed_on(worker),
+                )
             if worker:
                 self._busy[worker] += 1
             self._chosen[key] = worker
@@ -131,6 +181,7 @@ class DaskBackend(EpochBackend):
             self._running.pop(future.key, None)
             if worker:
                 self._busy[worker] -= 1
+                self._cpus_in_use.get(_host(worker), set()).difference_update(task.cpus)
             if outcome.result is not None and outcome.result.address:
                 self._home[(task.study_id, task.trial_id)] = outcome.result.address
         return outcome
@@ -144,8 +195,11 @@ class DaskBackend(EpochBackend):
         return outcome.result
 
     # -- the EpochBackend interface ------------------------------------------------------
-    def submit(self, task: EpochTask) -> None:
-        self._completed.add(self.start(task))
+    def submit(self, task: EpochTask) -> Future:
+        """Send ``task`` now; :meth:`wait` returns it when done. Returns its future."""
+        future = self.start(task)
+        self._completed.add(future)
+        return future
 
     def wait(self) -> EpochOutcome:
         future = next(self._completed)
@@ -181,6 +235,10 @@ class DaskBackend(EpochBackend):
             remote_evaluate, task, checkpoint, pure=False,
             resources={"cores": task.system.cores}, **_placed_on(home),
         ).result()
+
+
+def _host(address: str) -> str:
+    return address.split("://", 1)[-1].rsplit(":", 1)[0]
 
 
 def _placed_on(worker: str | None) -> dict[str, Any]:

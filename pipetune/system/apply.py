@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from pipetune.errors import SystemConfigError
 from pipetune.system.config import SystemConfig
 
 
@@ -19,18 +22,74 @@ class AppliedConfig:
 
     config: SystemConfig
     notes: list[str] = field(default_factory=list)
+    #: What the process really runs under during the epoch, read back: torch threads,
+    #: the OpenMP wait policy of the process, the cores its threads may run on.
+    actual: dict[str, Any] = field(default_factory=dict)
+
+
+def process_omp_wait_policy() -> str:
+    """The OpenMP wait policy this process started with (``inherit``: none set)."""
+    value = os.environ.get("OMP_WAIT_POLICY", "").strip().lower()
+    return value if value in ("passive", "active") else "inherit"
+
+
+def _threads() -> list[int]:
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:  # pragma: no cover - not Linux
+        return [0]
 
 
 @contextlib.contextmanager
-def applied_system_config(config: SystemConfig) -> Iterator[AppliedConfig]:
-    """Set torch threads and CUDA backend flags from ``config``; restore them on exit.
+def _pinned(cpus: Sequence[int]) -> Iterator[None]:
+    """Every thread of this process on ``cpus`` (threads started later inherit it from
+    the thread that starts them); each thread's affinity restored on exit."""
+    saved: dict[int, set[int]] = {}
+    for tid in _threads():
+        with contextlib.suppress(OSError):  # a thread may have ended meanwhile
+            saved[tid] = os.sched_getaffinity(tid)
+            os.sched_setaffinity(tid, cpus)
+    try:
+        yield
+    finally:
+        for tid, mask in saved.items():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, mask)
+
+
+@contextlib.contextmanager
+def applied_system_config(
+    config: SystemConfig, cpus: Sequence[int] = ()
+) -> Iterator[AppliedConfig]:
+    """Set torch threads, core pinning and CUDA backend flags from ``config``; restore
+    them on exit. ``cpus`` are the cores a pinned epoch may use (the executor gives
+    co-running epochs disjoint sets); with none given, the first ``cores`` of the
+    process's own. An ``omp_wait_policy`` other than the process's raises
+    :class:`SystemConfigError`: OpenMP reads it at start-up, so it cannot be applied
+    here, and running anyway would measure the wrong config.
 
     Data-loader workers, autocast precision and channels_last are read by the
     workload when it builds its loader and runs its steps (see :func:`autocast_for`).
     """
     import torch
 
+    process_policy = process_omp_wait_policy()
+    if config.omp_wait_policy not in ("inherit", process_policy):
+        raise SystemConfigError(
+            "system.omp_wait_policy",
+            f"{config.omp_wait_policy} needs a worker process started with "
+            f"OMP_WAIT_POLICY={config.omp_wait_policy.upper()} (this one has "
+            f"{process_policy}); start one with that environment and "
+            f"--resources 'omp_wait_policy={config.omp_wait_policy}=1'",
+        )
     applied = AppliedConfig(config)
+    pin = contextlib.nullcontext()
+    if config.pin_cores:
+        own = sorted(os.sched_getaffinity(0))
+        chosen = list(cpus) or own[: config.cores]
+        if len(chosen) < config.cores:
+            applied.notes.append(f"pin_cores: {config.cores} cores asked, {len(chosen)} given")
+        pin = _pinned(chosen)
     saved_threads = torch.get_num_threads()
     torch.set_num_threads(config.cores)
     if torch.get_num_interop_threads() != config.interop_threads:
@@ -52,7 +111,13 @@ def applied_system_config(config: SystemConfig) -> Iterator[AppliedConfig]:
         torch.backends.cudnn.allow_tf32 = config.tf32
         torch.backends.cudnn.benchmark = config.cudnn_benchmark
     try:
-        yield applied
+        with pin:
+            applied.actual = {
+                "threads": torch.get_num_threads(),
+                "omp_wait_policy": process_policy,
+                "cpus": sorted(os.sched_getaffinity(0)),
+            }
+            yield applied
     finally:
         torch.set_num_threads(saved_threads)
         if saved_cuda is not None:

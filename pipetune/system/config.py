@@ -19,6 +19,17 @@ DEVICES: tuple[str, ...] = ("cpu", "cuda")
 
 #: Knobs that only mean something on a CUDA device.
 CUDA_KNOBS: tuple[str, ...] = ("precision", "tf32", "cudnn_benchmark", "channels_last")
+OMP_WAIT_POLICIES: tuple[str, ...] = ("inherit", "passive", "active")
+#: Knobs the OpenMP runtime reads once, when torch loads: an epoch asking for a value
+#: other than its worker process's needs a worker *started* with it. The Dask backend
+#: routes such an epoch to a worker advertising the resource :func:`process_resource`
+#: names (the embedded cluster starts those workers); anywhere else it fails, saying so.
+PROCESS_KNOBS: tuple[str, ...] = ("omp_wait_policy",)
+
+
+def process_resource(knob: str, value: str) -> str:
+    """The Dask resource a worker started for a process knob's value advertises."""
+    return f"{knob}={value}"
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,11 @@ class SystemConfig:
     the trial's Dask ``cores`` resource claim.
     ``interop_threads``: torch inter-op threads.
     ``dataloader_workers``: worker processes of the training DataLoader.
+    ``omp_wait_policy``: how idle OpenMP threads wait, ``passive`` (sleep) or
+    ``active`` (spin); ``inherit`` (the default) takes the worker process's setting.
+    A process knob (:data:`PROCESS_KNOBS`): it needs a worker started with it.
+    ``pin_cores``: pin the worker process's threads, for the epoch, to as many cores
+    as the config reserves, disjoint from the cores of co-running pinned epochs.
     ``device``: ``cpu`` or ``cuda``. The remaining knobs are CUDA-only:
     autocast ``precision``, ``tf32`` matmuls, ``cudnn_benchmark``, ``channels_last``.
 
@@ -63,6 +79,8 @@ class SystemConfig:
     cores: int = 1
     interop_threads: int = 1
     dataloader_workers: int = 0
+    omp_wait_policy: str = "inherit"
+    pin_cores: bool = False
     device: str = "cpu"
     precision: str = "fp32"
     tf32: bool = False
@@ -79,6 +97,11 @@ class SystemConfig:
             raise SystemConfigError(
                 "system.dataloader_workers", f"must be an integer >= 0, got {v!r}"
             )
+        if self.omp_wait_policy not in OMP_WAIT_POLICIES:
+            raise SystemConfigError(
+                "system.omp_wait_policy",
+                f"must be one of {OMP_WAIT_POLICIES}, got {self.omp_wait_policy!r}",
+            )
         if self.device not in DEVICES:
             raise SystemConfigError(
                 "system.device", f"must be one of {DEVICES}, got {self.device!r}"
@@ -87,7 +110,7 @@ class SystemConfig:
             raise SystemConfigError(
                 "system.precision", f"must be one of {PRECISIONS}, got {self.precision!r}"
             )
-        for name in ("tf32", "cudnn_benchmark", "channels_last"):
+        for name in ("pin_cores", "tf32", "cudnn_benchmark", "channels_last"):
             if not isinstance(getattr(self, name), bool):
                 raise SystemConfigError(f"system.{name}", "must be true or false")
         if self.device == "cpu":
@@ -121,6 +144,10 @@ class SystemConfig:
             f"interop={self.interop_threads}",
             f"workers={self.dataloader_workers}",
         ]
+        if self.omp_wait_policy != "inherit":
+            parts.append(f"omp={self.omp_wait_policy}")
+        if self.pin_cores:
+            parts.append("pinned")
         if self.device == "cuda":
             parts += [
                 "cuda",
@@ -135,6 +162,9 @@ class SystemConfig:
             "sys_cores": float(self.cores),
             "sys_interop_threads": float(self.interop_threads),
             "sys_dataloader_workers": float(self.dataloader_workers),
+            # 0 inherit, 1 passive, 2 active
+            "sys_omp_wait_policy": float(OMP_WAIT_POLICIES.index(self.omp_wait_policy)),
+            "sys_pin_cores": float(self.pin_cores),
             "sys_cuda": 1.0 if self.device == "cuda" else 0.0,
             "sys_precision_bits": {"fp32": 32.0, "bf16": 16.0, "fp16": 16.0}[self.precision],
             "sys_tf32": float(self.tf32),

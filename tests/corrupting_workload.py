@@ -1,0 +1,26 @@
+"""A workload for the failure tests, imported by path on Dask workers.
+
+The real synthetic workload, except that in trial ``corrupt_trial``'s first epoch it
+overwrites the ground-truth file named by ``corrupt_path`` with garbage, so the study
+fails at the lookup that follows, half-way through: what was recorded before must
+survive.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pipetune.system.config import SystemConfig
+from pipetune.workloads.synthetic import SyntheticWorkload
+
+
+class CorruptingWorkload(SyntheticWorkload):
+    param_defaults: ClassVar[dict[str, Any]] = {
+        **SyntheticWorkload.param_defaults, "corrupt_path": "", "corrupt_lr_above": 1.0}
+
+    def _before_epoch(self, system: SystemConfig, steps: int) -> None:
+        path, above = self.settings["corrupt_path"], float(self.settings["corrupt_lr_above"])
+        if path and self.hparams["lr"] > above:
+            Path(path).write_text("{not json")
+        super()._before_epoch(system, steps)
