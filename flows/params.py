@@ -136,6 +136,8 @@ class SystemDefaultParam(_Param):
     cores: int = Field(1, ge=1)
     interop_threads: int = Field(1, ge=1)
     dataloader_workers: int = Field(0, ge=0)
+    omp_wait_policy: Literal["inherit", "passive", "active"] = "inherit"
+    pin_cores: bool = False
     device: Literal["cpu", "cuda"] = "cpu"
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     tf32: bool = False
@@ -149,6 +151,9 @@ class SystemSpaceParam(_Param):
     cores: list[Annotated[int, Field(ge=1)]] | None = Field(None, min_length=1)
     interop_threads: list[Annotated[int, Field(ge=1)]] | None = Field(None, min_length=1)
     dataloader_workers: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1)
+    omp_wait_policy: list[Literal["inherit", "passive", "active"]] | None = Field(
+        None, min_length=1)
+    pin_cores: list[bool] | None = Field(None, min_length=1)
     device: list[Literal["cpu", "cuda"]] | None = Field(None, min_length=1)
     precision: list[Literal["fp32", "bf16", "fp16"]] | None = Field(None, min_length=1)
     tf32: list[bool] | None = Field(None, min_length=1)

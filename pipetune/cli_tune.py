@@ -69,13 +69,14 @@ def run_tune(args: argparse.Namespace) -> int:
     startup_marks = _Startup()
     _check_options(args)
     _quiet_defaults()
-    # The job is checked first (a bad one exits 2 with nothing started); then the Prefect
-    # server, the embedded cluster (its fork server importing torch once for every
-    # worker), the flow's imports and the MLflow store start side by side.
+    # The Prefect server (a process of its own) is launched first; the job is checked
+    # while it boots (a bad one stops it again: exit 2, nothing recorded); then the
+    # embedded cluster (its fork server importing torch once for every worker), the
+    # flow's imports and the MLflow store start side by side until the server is up.
     startup: list[_Background] = []
     job: dict = {}
 
-    def overlap_startup(_url: str) -> None:
+    def overlap_startup() -> None:
         startup.append(_Background(importlib.import_module, "flows.study"))
         if not args.dask_address:
             from flows.cluster import shared_cluster
@@ -103,9 +104,13 @@ def run_tune(args: argparse.Namespace) -> int:
                     f"--dask-address: cannot reach {args.dask_address}: {exc}") from exc
         startup.append(_Background(ensure_experiment, job["tracking_uri"]))  # before fan-out
 
-    check_job()
+    def check_then_start() -> None:
+        check_job()
+        overlap_startup()
+
     try:
-        with prefect_api(pipetune_home() / "prefect-server.log", on_url=overlap_startup) as server:
+        with prefect_api(pipetune_home() / "prefect-server.log",
+                         before_wait=check_then_start) as server:
             startup_marks.mark("Prefect server ready")
             for background in startup:
                 background.result()
