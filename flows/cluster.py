@@ -117,8 +117,8 @@ def ensure_worker_groups(policies: set[str]) -> None:
     cluster = shared_cluster()
     client = client_for(None)
     workers = client.scheduler_info(n_workers=-1)["workers"].values()
-    present = {name.split("=", 1)[1] for w in workers for name in w.get("resources", {})
-               if name.startswith("omp_wait_policy=")}
+    present = {name.split(":", 1)[1] for w in workers for name in w.get("resources", {})
+               if name.startswith("omp_wait_policy:")}
     missing = sorted(policies - present)
     if not missing:
         return
@@ -132,7 +132,7 @@ def ensure_worker_groups(policies: set[str]) -> None:
             options["env"] = {**options.get("env", {}), "OMP_WAIT_POLICY": policy.upper()}
             options["resources"] = {
                 k: v for k, v in options["resources"].items()
-                if not k.startswith("omp_wait_policy=")
+                if not k.startswith("omp_wait_policy:")
             } | {process_resource("omp_wait_policy", policy): 1}
             cluster.new_spec = spec
             total += per_group

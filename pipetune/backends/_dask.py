@@ -107,7 +107,7 @@ class DaskBackend(EpochBackend):
         for knob in PROCESS_KNOBS:
             value = getattr(task.system, knob)
             name = process_resource(knob, value)
-            if value != "inherit" and any(n.startswith(f"{knob}=") for n in advertised):
+            if value != "inherit" and any(n.startswith(f"{knob}:") for n in advertised):
                 resources[name] = 1
         return resources
 

@@ -80,7 +80,7 @@ def applied_system_config(
             f"{config.omp_wait_policy} needs a worker process started with "
             f"OMP_WAIT_POLICY={config.omp_wait_policy.upper()} (this one has "
             f"{process_policy}); start one with that environment and "
-            f"--resources 'omp_wait_policy={config.omp_wait_policy}=1'",
+            f"--resources 'omp_wait_policy:{config.omp_wait_policy}=1'",
         )
     applied = AppliedConfig(config)
     pin = contextlib.nullcontext()

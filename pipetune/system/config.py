@@ -29,7 +29,7 @@ PROCESS_KNOBS: tuple[str, ...] = ("omp_wait_policy",)
 
 def process_resource(knob: str, value: str) -> str:
     """The Dask resource a worker started for a process knob's value advertises."""
-    return f"{knob}={value}"
+    return f"{knob}:{value}"
 
 
 @dataclass(frozen=True)
