@@ -37,7 +37,13 @@ def embedded_cluster_kwargs(workers: int | None = None) -> dict:
 
     cores = MachineInfo.detect().cores
     env = {k: os.environ[k] for k in WORKER_ENV if k in os.environ}
-    dask.config.set({"distributed.worker.daemon": False})
+    dask.config.set({
+        "distributed.worker.daemon": False,
+        # Dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536 in its workers, so glibc hands
+        # freed memory back to the OS at every turn and torch re-faults it: a LeNet-5
+        # epoch took 1.2 s with it and 0.6 s without (benchmarks/RESULTS.md).
+        "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
+    })
     env["DASK_DISTRIBUTED__WORKER__DAEMON"] = "False"
     policy = os.environ.get("OMP_WAIT_POLICY", WORKER_PROCESS_ENV["OMP_WAIT_POLICY"]).lower()
     return {

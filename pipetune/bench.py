@@ -606,7 +606,7 @@ def markdown(bench: BenchResult) -> str:
     for s in bench.strategies:
         parts = s.overhead_parts_s
         lines.append(
-            f"| {s.strategy} | {s.compute_s:.1f} | {s.overhead_s:.1f} | "
+            f"| {s.strategy} | {_fmt(s.compute_s, 1)} | {_fmt(s.overhead_s, 1)} | "
             f"{_fmt(s.overhead_median_s)} | {_fmt(parts.get('round_trip_s'), 1)} | "
             f"{_fmt(parts.get('worker_extra_s'), 1)} | {_fmt(parts.get('loop_gap_s'), 1)} | "
             + (f"{s.overhead_share:.1%} |" if not math.isnan(s.overhead_share) else "- |")
