@@ -173,6 +173,7 @@ class SystemTuner:
         max_probes: int | None = None,
         machine: MachineInfo | None = None,
         warmup_margin: float = WARMUP_MARGIN,
+        max_cores: int | None = None,
     ) -> None:
         if not isinstance(default, SystemConfig):
             raise TypeError(f"default must be a SystemConfig, got {type(default).__name__}")
@@ -190,6 +191,8 @@ class SystemTuner:
         self.max_probes = max_probes
         self.warmup_margin = float(warmup_margin)
         self.machine = machine if machine is not None else MachineInfo.detect()
+        #: Candidates reserving more cores than this are not probed (None: no limit).
+        self.max_cores = max_cores
         default.check_machine(self.machine, where="system.default")
         self.space = _normalise_space(space)
         #: Candidates left out of the plan, as ``"knob=value: why"``.
@@ -212,6 +215,11 @@ class SystemTuner:
                     candidate.check_machine(self.machine, where=SPACE_FIELD)
                 except SystemConfigError as err:
                     self.dropped.append(f"{knob}={value!r}: {err.message}")
+                    continue
+                if self.max_cores is not None and candidate.cores > self.max_cores:
+                    self.dropped.append(
+                        f"{knob}={value!r}: reserves more than {self.max_cores} core(s), "
+                        "what a trial can hold while trials run side by side")
                     continue
                 if candidate not in planned:
                     planned.append(candidate)
