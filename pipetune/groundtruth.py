@@ -59,6 +59,7 @@ import math
 import os
 import statistics
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -156,6 +157,7 @@ class GroundTruth:
         self.bound_factor = float(bound_factor)
         self.min_bound = float(min_bound)
         self._fit: _Fit | None = None
+        self._fit_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"GroundTruth({str(self.path)!r})"
@@ -260,6 +262,25 @@ class GroundTruth:
             "time": datetime.now(UTC).isoformat(timespec="seconds"),
         }
         self._mutate(lambda records: [*records, rec])
+        # Refit now, in the background, so the next lookup does not pay for it on the
+        # study's critical path (a k-means fit took ~1 s here); a lookup that comes
+        # first waits for this fit rather than doing its own.
+        threading.Thread(target=self._prepare_quietly, daemon=True,
+                         name="pipetune-groundtruth-refit").start()
+
+    def __getstate__(self) -> dict[str, Any]:  # crosses processes without its fit or lock
+        state = dict(self.__dict__)
+        state["_fit"] = None
+        del state["_fit_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._fit_lock = threading.Lock()
+
+    def _prepare_quietly(self) -> None:
+        with contextlib.suppress(Exception):  # the next lookup reports a broken store
+            self._fitted()
 
     def entries(self) -> list[GroundTruthEntry]:
         """Every (cluster, bucket, objective) with its best config, sorted by those keys."""
@@ -395,12 +416,13 @@ class GroundTruth:
         self._fitted()
 
     def _fitted(self) -> _Fit | None:
-        records, raw = self._read()
-        key = hashlib.sha1(raw).hexdigest()
-        if self._fit is not None and self._fit.key == key:
+        with self._fit_lock:
+            records, raw = self._read()
+            key = hashlib.sha1(raw).hexdigest()
+            if self._fit is not None and self._fit.key == key:
+                return self._fit
+            self._fit = self._fit_records(records, key)
             return self._fit
-        self._fit = self._fit_records(records, key)
-        return self._fit
 
     def _fit_records(self, records: list[dict[str, Any]], key: str) -> _Fit | None:
         import numpy as np

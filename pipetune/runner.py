@@ -70,7 +70,8 @@ class EpochResult:
     #: and loading its checkpoint, evaluating, saving the next checkpoint.
     setup_s: float = 0.0
     #: Of ``setup_s``, the workload's constructor (its data, cached per process after
-    #: the first build): the workload's own cost, which any tuner pays once per process.
+    #: the first build), and on the process's first build of the workload all of
+    #: setup: the workload's own one-time cost, which any tuner pays in its process.
     build_s: float = 0.0
     eval_s: float = 0.0
     checkpoint_s: float = 0.0
@@ -132,6 +133,18 @@ class LiveTrials:
 
 #: This process's live workloads (one per Dask worker process).
 LIVE_TRIALS = LiveTrials()
+_BUILT: set[str] = set()
+
+
+def _first_build(task: EpochTask) -> bool:
+    """Whether this is the process's first build of this workload with these params."""
+    import json
+
+    key = f"{task.workload}:{json.dumps(task.workload_params, sort_keys=True, default=str)}"
+    if key in _BUILT:
+        return False
+    _BUILT.add(key)
+    return True
 
 
 def run_epoch(task: EpochTask, live: LiveTrials | None = None, address: str = "") -> EpochResult:
@@ -154,6 +167,9 @@ def run_epoch(task: EpochTask, live: LiveTrials | None = None, address: str = ""
         workload = resolve_workload(task.workload)(**task.workload_params)
         build_s = time.time() - started
         workload.setup(task.hparams, task.seed)
+        first = _first_build(task)
+        if first:  # data loaded and libraries initialised: once per process, not orchestration
+            build_s = time.time() - started
         if task.checkpoint_in is not None:
             CheckpointStore.load(workload, task.checkpoint_in)
     profiler = EpochProfiler(
