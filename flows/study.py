@@ -11,8 +11,6 @@ the Prefect UI as a chain epoch -> lookup -> tune -> epoch ...
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
 import uuid
 from typing import Any
@@ -93,8 +91,7 @@ def study_flow(
 
     backend = PrefectEpochBackend(DaskBackend(client))
     if study.ground_truth is not None:  # fit its clusters while epoch 1 runs
-        threading.Thread(target=_prepare_quietly, args=(study.ground_truth,), daemon=True,
-                         name="pipetune-groundtruth-prepare").start()
+        study.ground_truth.prepare_in_background()
 
     def on_step(event: StepEvent) -> None:
         if event.ended:
@@ -143,11 +140,6 @@ def study_flow(
             for t in sorted(study.trials.values(), key=lambda t: t.trial_id)
         ],
     }
-
-
-def _prepare_quietly(ground_truth: GroundTruth) -> None:
-    with contextlib.suppress(Exception):  # a broken store is reported by the first lookup
-        ground_truth.prepare()
 
 
 def _evaluate_best(study: Study, backend: PrefectEpochBackend) -> dict[str, float]:

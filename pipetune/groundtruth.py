@@ -265,8 +265,7 @@ class GroundTruth:
         # Refit now, in the background, so the next lookup does not pay for it on the
         # study's critical path (a k-means fit took ~1 s here); a lookup that comes
         # first waits for this fit rather than doing its own.
-        threading.Thread(target=self._prepare_quietly, daemon=True,
-                         name="pipetune-groundtruth-refit").start()
+        self.prepare_in_background()
 
     def __getstate__(self) -> dict[str, Any]:  # crosses processes without its fit or lock
         state = dict(self.__dict__)
@@ -278,9 +277,14 @@ class GroundTruth:
         self.__dict__.update(state)
         self._fit_lock = threading.Lock()
 
-    def _prepare_quietly(self) -> None:
-        with contextlib.suppress(Exception):  # the next lookup reports a broken store
-            self._fitted()
+    def prepare_in_background(self) -> None:
+        """Fit the clusters in a background thread; the next lookup waits for that fit
+        instead of doing its own, and reports a broken store itself."""
+        def fit_quietly() -> None:
+            with contextlib.suppress(Exception):
+                self._fitted()
+
+        threading.Thread(target=fit_quietly, daemon=True, name="pipetune-groundtruth-fit").start()
 
     def entries(self) -> list[GroundTruthEntry]:
         """Every (cluster, bucket, objective) with its best config, sorted by those keys."""

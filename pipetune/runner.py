@@ -167,8 +167,7 @@ def run_epoch(task: EpochTask, live: LiveTrials | None = None, address: str = ""
         workload = resolve_workload(task.workload)(**task.workload_params)
         build_s = time.time() - started
         workload.setup(task.hparams, task.seed)
-        first = _first_build(task)
-        if first:  # data loaded and libraries initialised: once per process, not orchestration
+        if _first_build(task):  # data loaded, libraries initialised: once per process
             build_s = time.time() - started
         if task.checkpoint_in is not None:
             CheckpointStore.load(workload, task.checkpoint_in)

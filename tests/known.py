@@ -3,7 +3,11 @@ cheapest system config is known before any tuning runs."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+from collections.abc import Iterator
+from pathlib import Path
 
 from pipetune.profiler.profile import PROFILE_FEATURES, Profile
 
@@ -74,3 +78,26 @@ def synthetic_job(name: str, *, seed: int = 0, trials: int = 3) -> dict:
         "early_stopping": {"policy": "none", "max_epochs": 3},
         "objective": {"metric": "accuracy", "mode": "max", "system": "time"},
     }
+
+
+@contextlib.contextmanager
+def process_cluster(n_workers: int = 2, cores: int = 2) -> Iterator:
+    """A real Dask ``LocalCluster`` of process workers, one thread each, advertising
+    ``cores`` and able to import this folder's test workloads; non-daemonic workers so
+    an epoch may start a data-loader process."""
+    import dask
+    from distributed import LocalCluster
+
+    tests_dir = str(Path(__file__).resolve().parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (tests_dir, os.environ.get("PYTHONPATH", "")) if p
+    )
+    with dask.config.set({"distributed.worker.daemon": False}):
+        cluster = LocalCluster(
+            n_workers=n_workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+            dashboard_address=None, resources={"cores": cores},
+        )
+    try:
+        yield cluster
+    finally:
+        cluster.close()

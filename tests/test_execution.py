@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import pytest
-from known import synthetic_job
+from known import process_cluster, synthetic_job
 
 from pipetune.runner import EpochTask
 from pipetune.system.config import SystemConfig, process_resource
@@ -17,29 +16,13 @@ from pipetune.tuner import Phase
 
 pytestmark = pytest.mark.slow
 
-TESTS_DIR = Path(__file__).resolve().parent
-
 
 @pytest.fixture(scope="module")
 def cluster():
-    """Two process workers, one thread each, as the embedded cluster makes them: one
-    started with passive OpenMP waiting and advertising it, one with active."""
-    import dask
-    from distributed import LocalCluster
-    from distributed.deploy.spec import SpecCluster  # noqa: F401 - LocalCluster is one
-
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(TESTS_DIR), os.environ.get("PYTHONPATH", "")) if p
-    )
-    with dask.config.set({"distributed.worker.daemon": False}):
-        cluster = LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-            dashboard_address=None, resources={"cores": 2},
-        )
-    try:
+    """Two process workers, one thread each, no OpenMP wait policy set; the process-knob
+    test adds a third started for one."""
+    with process_cluster() as cluster:
         yield cluster
-    finally:
-        cluster.close()
 
 
 @pytest.fixture(scope="module")
@@ -142,9 +125,10 @@ def test_a_process_knob_runs_on_a_worker_started_for_it(cluster, client, tmp_pat
     started_for_it = [a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()
                       if process_resource("omp_wait_policy", "active") in w["resources"]]
     assert result.address in started_for_it
-    # An epoch that does not ask keeps the worker's own policy (here: none set).
+    # An epoch that does not ask keeps the policy of the worker it lands on.
     plain = backend.run(epoch_task(tmp_path, 9, 1))
-    assert plain.actual["omp_wait_policy"] in ("inherit", "active")
+    expected = "active" if plain.address in started_for_it else "inherit"
+    assert plain.actual["omp_wait_policy"] == expected
 
 
 def _started(backend, task):

@@ -3,16 +3,13 @@ real (tiny) training, MLflow on SQLite, checkpoints on disk."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import pytest
-from known import synthetic_job
+from known import process_cluster, synthetic_job
 
 pytestmark = pytest.mark.slow
-
-TESTS_DIR = Path(__file__).resolve().parent
 
 JOB = synthetic_job("flow-test", seed=7)
 
@@ -21,21 +18,8 @@ JOB = synthetic_job("flow-test", seed=7)
 def cluster(prefect_api_url):
     """A real Dask cluster of process workers, started after PREFECT_API_URL is set
     (the workers inherit it) and kept warm across the flow runs of this module."""
-    import dask
-    from distributed import LocalCluster
-
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(TESTS_DIR), os.environ.get("PYTHONPATH", "")) if p
-    )
-    with dask.config.set({"distributed.worker.daemon": False}):
-        cluster = LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, resources={"cores": 2},
-            host="127.0.0.1", dashboard_address=None,
-        )
-    try:
+    with process_cluster() as cluster:
         yield cluster
-    finally:
-        cluster.close()
 
 
 @pytest.fixture(scope="module")

@@ -149,8 +149,9 @@ class DaskBackend(EpochBackend):
             key = f"{task.name}-{task.phase.value}-{uuid.uuid4().hex[:8]}"
             needs = [k for k in resources if k != "cores"]
             if needs and not any(all(r.get(k, 0) for k in needs) for r in workers.values()):
+                field = "system." + ",".join(sorted(k.split(":")[0] for k in needs))
                 future = self.client.submit(
-                    remote_refuse, "system", f"no worker of the cluster advertises "
+                    remote_refuse, field, f"no worker of the cluster advertises "
                     f"{', '.join(needs)}: start one with that environment", key=key, pure=False)
             else:
                 cpus = self._pin(task, worker, workers)
