@@ -1,23 +1,24 @@
 """The study flow: PipeTune's loop with epochs on Dask and the record in MLflow.
 
 The flow only wires: the engine (:meth:`pipetune.study.Study.run`) decides what runs,
-tasks do the work, the tracker writes MLflow (in the background). Every task run is
-in the flow process: one ``train-epoch`` task run per epoch, in the flow's thread
-pool, drives a plain Dask future on the cluster (the epoch claims the cores its system
-config reserves, and goes to the worker holding its model); the profile lookup and
-the tuning decision are task runs between a trial's epochs, so every trial shows in
-the Prefect UI as a chain epoch -> lookup -> tune -> epoch ...
+the cluster trains, the recorder process writes MLflow and the Prefect task runs.
+Each epoch is a plain Dask future (it claims the cores its system config reserves,
+and goes to the worker holding its model) recorded as one ``train-epoch`` task run;
+the profile lookup and the tuning decision are recorded as task runs between a
+trial's epochs, so every trial shows in the Prefect UI as a chain epoch -> lookup ->
+tune -> epoch ... (:mod:`tasks.records` says why they are records, not task-engine
+runs: the engine cost the loop ~75 ms per epoch).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.runtime import deployment, flow_run
-from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.cluster import (
     client_for,
@@ -34,7 +35,8 @@ from pipetune.progress import notify
 from pipetune.spec import JobSpec, load_spec
 from pipetune.study import StepEvent, Study, orchestration_overhead, overhead_summary
 from pipetune.tracking import StudyTracker, default_tracking_uri
-from tasks import PrefectEpochBackend, decide_system, lookup_groundtruth
+from tasks import PrefectEpochBackend
+from tasks.records import TaskRunRecord, api_url
 
 
 def resolve_job(job: dict[str, Any] | str, trials: int | None, pipetune: bool | None) -> JobSpec:
@@ -42,7 +44,7 @@ def resolve_job(job: dict[str, Any] | str, trials: int | None, pipetune: bool | 
     return spec.with_overrides(trials=trials, pipetune_enabled=pipetune)
 
 
-@flow(name="pipetune-study", task_runner=ThreadPoolTaskRunner(max_workers=64), log_prints=False)
+@flow(name="pipetune-study", log_prints=False)
 def study_flow(
     job: JobArgument,
     trials: TrialsOverride = None,
@@ -89,7 +91,8 @@ def study_flow(
     _link_mlflow_run(tracker, tracking_uri)
     logger.info("study %s: MLflow parent run %s", study_id, tracker.parent_run_id)
 
-    backend = PrefectEpochBackend(DaskBackend(client))
+    record = TaskRunRecord(str(flow_run.id or ""), api_url())
+    backend = PrefectEpochBackend(DaskBackend(client), record)
     if study.ground_truth is not None:  # fit its clusters while epoch 1 runs
         study.ground_truth.prepare_in_background()
 
@@ -105,16 +108,20 @@ def study_flow(
         notify(study)
         study.run(
             backend, on_step=on_step, on_result=tracker.log_epoch,
-            lookup=lambda trial_id: lookup_groundtruth(study, trial_id),
-            decide=lambda trial_id, epoch: decide_system(study, trial_id, epoch),
+            lookup=lambda trial_id: _lookup(study, record, trial_id),
+            decide=lambda trial_id, epoch: _decide(study, record, trial_id, epoch),
         )
         extra = _evaluate_best(study, backend)
         wall_s = time.time() - started
         timings = orchestration_overhead(study)
         extra.update(overhead_summary(timings))
         tracker.finish(study, wall_s=wall_s, extra_metrics=extra)
+        record.close()
     except BaseException:
+        record.cancel_open()
         tracker.fail()
+        with contextlib.suppress(Exception):
+            record.close()
         raise
     summary = study.summary()
     return {
@@ -140,6 +147,16 @@ def study_flow(
             for t in sorted(study.trials.values(), key=lambda t: t.trial_id)
         ],
     }
+
+
+def _lookup(study: Study, record: TaskRunRecord, trial_id: int):
+    with record.span("profile-lookup", f"trial-{trial_id}-profile-lookup", trial_id):
+        return study.lookup(trial_id)
+
+
+def _decide(study: Study, record: TaskRunRecord, trial_id: int, epoch: int):
+    with record.span("tune-system", f"trial-{trial_id}-tune-after-epoch-{epoch}", trial_id):
+        return study.decide(trial_id)
 
 
 def _evaluate_best(study: Study, backend: PrefectEpochBackend) -> dict[str, float]:

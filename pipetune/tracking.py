@@ -4,23 +4,21 @@ Only the process that owns the study loop writes here; workers return results. T
 tracking store and the experiment are created once, before any fan-out (several
 processes creating one fresh SQLite store at once fail).
 
-Per-trial writes (child runs, epoch metrics, trial outcomes) go through a
-:class:`_BackgroundWriter`, so the study loop never waits on the tracking store: one
-daemon thread drains a queue, merging what is queued for a run into batched
-``log_batch`` calls. :meth:`StudyTracker.flush` waits for everything queued so far.
+Per-trial writes (child runs, epoch metrics, trial outcomes) go to an
+:class:`MlflowSink` in a recorder process (:mod:`pipetune.sidecar`), so the study loop
+never waits on the tracking store nor shares its GIL with SQLAlchemy: the sink merges
+what was sent for a run into batched ``log_batch`` calls. :meth:`StudyTracker.flush`
+waits for everything sent so far.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
-import queue
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -94,190 +92,110 @@ def batches(
 
 
 @dataclass
-class _Log:
-    run: Hashable
-    metrics: list[Metric]
-    params: list[Param]
-    tags: list[RunTag]
-
-
-@dataclass
-class _Call:
-    fn: Callable[..., Any]
-    args: tuple[Any, ...]
-
-
-@dataclass
-class _Barrier:
-    done: threading.Event = field(default_factory=threading.Event)
-
-
-class _Stop:
-    pass
-
-
-@dataclass
 class _Buffer:
     """What is queued for one run: metrics in order, params and tags by key (last wins,
     as writing them one after the other would leave them)."""
 
-    metrics: list[Metric] = field(default_factory=list)
-    params: dict[str, Param] = field(default_factory=dict)
-    tags: dict[str, RunTag] = field(default_factory=dict)
-
-    def add(self, item: _Log) -> None:
-        self.metrics.extend(item.metrics)
-        self.params.update((x.key, x) for x in item.params)
-        self.tags.update((x.key, x) for x in item.tags)
+    metrics: list[tuple[str, float, int, int]] = field(default_factory=list)
+    params: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
 
 
 class WriterError(RuntimeError):
     """The background MLflow writer cannot finish what was queued (it died or timed out)."""
 
 
-class _BackgroundWriter:
-    """One daemon thread that writes to MLflow in the order things were queued.
+class MlflowSink:
+    """The writing end of a :class:`StudyTracker`, run by a :mod:`pipetune.sidecar`
+    host (a child process by default, a thread when the tracker is given a client).
 
-    :meth:`log` queues metrics, params and tags for a run; whatever is queued for a
-    run by the time the thread gets to it is merged into as few ``log_batch`` calls as
-    MLflow's limits allow. :meth:`call` queues any other write (creating a run,
-    an artifact, terminating a run); it runs after everything queued before it.
-    ``run`` is a run id, or any key that ``resolve`` turns into one in the writer
-    thread (a run the writer itself creates).
-
-    An exception in the thread is kept (the first one; later ones are logged and
-    counted) and raised by the next :meth:`flush` or :meth:`close`; the thread goes on
-    with what follows.
+    Metrics, params and tags sent for a run with :meth:`log` are buffered and merged
+    into as few ``log_batch`` calls as MLflow's limits allow when the host is idle or
+    before any other write (so the order things were sent in is the order they land).
+    A run is a run id, or ``("trial", trial_id)`` for a child run this sink created.
     """
 
-    def __init__(self, client: MlflowClient, *,
-                 resolve: Callable[[Hashable], str] | None = None,
-                 name: str = "pipetune-mlflow-writer"):
+    def __init__(self, *, experiment_id: str, parent_run_id: str, tags: dict[str, str],
+                 tracking_uri: str | None = None, client: MlflowClient | None = None):
+        if client is None:
+            from mlflow.tracking import MlflowClient
+
+            client = MlflowClient(tracking_uri)
         self.client = client
-        self._resolve = resolve or (lambda run: str(run))
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._closed = False
-        self._error: BaseException | None = None
-        self._more_errors = 0
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self.experiment_id = experiment_id
+        self.parent_run_id = parent_run_id
+        self.tags = tags
+        self._children: dict[int, str] = {}
+        self._pending: dict[Hashable, _Buffer] = {}
 
-    # -- the caller's side -----------------------------------------------------------
-    @property
-    def closed(self) -> bool:
-        return self._closed
+    def _run_id(self, run: Hashable) -> str:
+        if isinstance(run, tuple):
+            try:
+                return self._children[run[1]]
+            except KeyError:
+                raise WriterError(f"trial {run[1]} has no MLflow run (creating it failed)") \
+                    from None
+        return str(run)
 
-    def log(self, run: Hashable, *, metrics: Sequence[Metric] = (),
-            params: Sequence[Param] = (), tags: Sequence[RunTag] = ()) -> None:
-        self._put(_Log(run, list(metrics), list(params), list(tags)))
+    def log(self, run: Hashable, metrics: Sequence[tuple[str, float, int, int]] = (),
+            params: Sequence[tuple[str, str]] = (), tags: Sequence[tuple[str, str]] = ()) -> None:
+        buf = self._pending.setdefault(run, _Buffer())
+        buf.metrics.extend(metrics)
+        buf.params.update(params)
+        buf.tags.update(tags)
 
-    def call(self, fn: Callable[..., Any], *args: Any) -> None:
-        self._put(_Call(fn, args))
+    def idle(self) -> None:
+        """Write everything buffered; raise the first failure after trying every run."""
+        from mlflow.entities import Param, RunTag
 
-    def _put(self, item: Any) -> None:
-        with self._lock:
-            if self._closed:
-                raise WriterError("the MLflow writer is closed")
-            self._queue.put(item)
-
-    def flush(self, timeout: float | None = None) -> None:
-        """Block until everything queued so far is written; raise what the thread raised.
-
-        ``timeout`` (seconds): raise :class:`WriterError` if the writes take longer."""
-        barrier = _Barrier()
-        with self._lock:
-            if self._closed:
-                barrier.done.set()
-            else:
-                self._queue.put(barrier)
-        self._wait(barrier.done.wait, timeout)
-        self.raise_pending()
-
-    def close(self, timeout: float | None = None) -> None:
-        """Write everything queued, stop the thread, raise what it raised. Idempotent."""
-        with self._lock:
-            first = not self._closed
-            if first:
-                self._closed = True
-                self._queue.put(_Stop())
-        if first or self._thread.is_alive():
-            self._wait(self._join, timeout)
-        self.raise_pending()
-
-    def _join(self, timeout: float) -> bool:
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    def _wait(self, wait: Callable[[float], bool], timeout: float | None) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            step = 0.5 if deadline is None else min(0.5, max(deadline - time.monotonic(), 0))
-            if wait(step):
-                return
-            if not self._thread.is_alive():
-                self.raise_pending()
-                raise WriterError("the MLflow writer thread is gone; queued writes are lost")
-            if deadline is not None and time.monotonic() >= deadline:
-                raise WriterError(f"MLflow writes not done after {timeout} s")
-
-    def raise_pending(self) -> None:
-        with self._lock:
-            error, more = self._error, self._more_errors
-            self._error, self._more_errors = None, 0
-        if error is not None:
-            if more:
-                error.add_note(f"({more} more MLflow write(s) failed after this one)")
-            raise error
-
-    # -- the writer thread -----------------------------------------------------------
-    def _record(self, error: BaseException) -> None:
-        with self._lock:
-            if self._error is None:
-                self._error = error
-            else:
-                self._more_errors += 1
-        logger.warning("MLflow write failed: %s: %s", type(error).__name__, error)
-
-    def _run(self) -> None:
-        pending: dict[Hashable, _Buffer] = {}
-        try:
-            while True:
-                items = [self._queue.get()]
-                while True:
-                    try:
-                        items.append(self._queue.get_nowait())
-                    except queue.Empty:
-                        break
-                for item in items:
-                    if isinstance(item, _Log):
-                        pending.setdefault(item.run, _Buffer()).add(item)
-                        continue
-                    self._write(pending)  # what was queued before goes first
-                    if isinstance(item, _Call):
-                        try:
-                            item.fn(*item.args)
-                        except Exception as e:  # noqa: BLE001 - kept for flush()
-                            self._record(e)
-                    elif isinstance(item, _Barrier):
-                        item.done.set()
-                    elif isinstance(item, _Stop):
-                        return
-                self._write(pending)
-        except BaseException as e:  # noqa: BLE001 - the thread dies; flush() says so
-            self._record(e)
-
-    def _write(self, pending: dict[Hashable, _Buffer]) -> None:
+        pending, self._pending = self._pending, {}
+        error: Exception | None = None
         for run, buf in pending.items():
             try:
-                run_id = self._resolve(run)
+                run_id = self._run_id(run)
                 for metrics, params, tags in batches(
-                    buf.metrics, list(buf.params.values()), list(buf.tags.values())
+                    [_metric(*m) for m in buf.metrics],
+                    [Param(k, v) for k, v in buf.params.items()],
+                    [RunTag(k, v) for k, v in buf.tags.items()],
                 ):
                     self.client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
-            except Exception as e:  # noqa: BLE001 - kept for flush()
-                self._record(e)
-        pending.clear()
+            except Exception as e:  # noqa: BLE001 - the other runs are still written
+                if error is None:
+                    error = e
+                else:
+                    logger.warning("MLflow write failed too: %s: %s", type(e).__name__, e)
+        if error is not None:
+            raise error
+
+    def create_child(self, trial_id: int) -> None:
+        self.idle()
+        run = self.client.create_run(
+            self.experiment_id,
+            run_name=f"trial-{trial_id}",
+            tags={
+                **self.tags,
+                "mlflow.parentRunId": self.parent_run_id,
+                "pipetune.kind": "trial",
+                "pipetune.trial_id": str(trial_id),
+            },
+        )
+        self._children[trial_id] = run.info.run_id
+
+    def log_profiles(self, run: Hashable, rows: list[dict[str, Any]]) -> None:
+        import pandas as pd
+
+        self.idle()
+        self.client.log_text(self._run_id(run), pd.DataFrame(rows).to_csv(index=False),
+                             "profiles.csv")
+
+    def terminate(self, run: Hashable, status: str) -> None:
+        self.idle()
+        self.client.set_terminated(self._run_id(run), status=status)
+
+    def children(self) -> dict[int, str]:
+        """Everything sent so far written; trial id -> child run id."""
+        self.idle()
+        return dict(self._children)
 
 
 class StudyTracker:
@@ -287,10 +205,13 @@ class StudyTracker:
     a metric too so the UI can plot the config against the epoch.
 
     The parent run is created and described at construction. Everything per trial
-    (:meth:`log_epoch`, :meth:`end_trial`) is queued to a background writer and returns
-    at once; :meth:`flush` waits for it and raises what a write raised. :meth:`finish`
-    and :meth:`fail` flush first and stop the writer; :meth:`close` stops it alone.
-    ``client`` replaces the ``MlflowClient`` built from ``tracking_uri``.
+    (:meth:`log_epoch`, :meth:`end_trial`) is sent to an :class:`MlflowSink` and returns
+    at once: the sink runs in this process's recorder process
+    (:func:`pipetune.sidecar.shared_host`), off the study loop's GIL, or in a thread
+    when ``client`` (an ``MlflowClient`` replacing the one built from ``tracking_uri``)
+    is given. :meth:`flush` waits for what was sent and raises what a write raised.
+    :meth:`finish` and :meth:`fail` flush first and stop the sink; :meth:`close` stops
+    it alone.
     """
 
     def __init__(
@@ -305,6 +226,8 @@ class StudyTracker:
     ):
         from mlflow.tracking import MlflowClient
 
+        from pipetune.sidecar import ThreadHost, shared_host
+
         self.tracking_uri = tracking_uri
         self.client = client if client is not None else MlflowClient(tracking_uri)
         self.experiment_id = ensure_experiment(tracking_uri, experiment)
@@ -317,9 +240,9 @@ class StudyTracker:
             tags={**self.tags, "pipetune.kind": "study", "pipetune.job": spec.name},
         )
         self.parent_run_id: str = parent.info.run_id
-        #: trial id -> child run id, filled in by the writer thread as it creates them.
+        #: trial id -> child run id, as last heard from the sink.
         self._children: dict[int, str] = {}
-        #: trial ids whose child run is queued for creation (the caller's side).
+        #: trial ids whose child run was sent for creation.
         self._requested: set[int] = set()
         spec_dict = spec.to_dict()
         from mlflow.entities import Param
@@ -344,69 +267,55 @@ class StudyTracker:
             {"hyperparameters": spec_dict["hyperparameters"], "system": spec_dict["system"]},
             "spaces.json",
         )
-        self._writer = _BackgroundWriter(self.client, resolve=self._run_id)
+        where = {"experiment_id": self.experiment_id, "parent_run_id": self.parent_run_id,
+                 "tags": self.tags}
+        self._thread_host: ThreadHost | None = None
+        if client is not None:
+            self._thread_host = ThreadHost("pipetune-mlflow-writer")
+            self._sink = self._thread_host.attach(MlflowSink(client=client, **where), "mlflow")
+        else:
+            self._sink = shared_host().attach(
+                "pipetune.tracking:MlflowSink", "mlflow", tracking_uri=tracking_uri, **where)
 
-    # -- the background writer ----------------------------------------------------------
+    # -- the sink -----------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until every write queued so far is in MLflow; raise the first exception a
-        background write raised since the last flush (``WriterError`` past ``timeout``)."""
-        self._writer.flush(timeout)
+        """Wait until every write sent so far is in MLflow; raise the first exception a
+        background write raised since the last flush (``SidecarError`` past ``timeout``)."""
+        self._children = self._sink.call("children", timeout=timeout)
 
     def close(self, timeout: float | None = None) -> None:
-        """Flush and stop the background writer (idempotent). Later per-trial calls raise."""
-        self._writer.close(timeout)
-
-    def _run_id(self, run: Hashable) -> str:
-        """The run id behind a writer key: a run id, or ``("trial", trial_id)``."""
-        if isinstance(run, tuple):
-            trial_id = run[1]
-            try:
-                return self._children[trial_id]
-            except KeyError:
-                raise WriterError(
-                    f"trial {trial_id} has no MLflow run (creating it failed)"
-                ) from None
-        return str(run)
+        """Flush and stop the sink (idempotent). Later per-trial calls raise."""
+        if self._sink.closed:
+            return
+        try:
+            self.flush(timeout)
+        finally:
+            self._sink.close(timeout)
+            if self._thread_host is not None:
+                self._thread_host.stop(timeout)
 
     # -- trials -----------------------------------------------------------------------
     def _child(self, trial: Trial) -> tuple[str, int]:
-        """The writer key of the trial's child run; the run is created (in the writer
-        thread) the first time a trial is seen."""
+        """The sink's key of the trial's child run; the run is created (by the sink)
+        the first time a trial is seen."""
         if trial.trial_id not in self._requested:
-            from mlflow.entities import Param
-
-            params = [Param(k, json.dumps(v) if not isinstance(v, str) else v)
+            params = [(k, json.dumps(v) if not isinstance(v, str) else v)
                       for k, v in sorted(trial.params.items())]
-            params.append(Param("seed", str(trial.seed)))
-            self._writer.call(self._create_child, trial.trial_id)
+            params.append(("seed", str(trial.seed)))
+            self._sink.send("create_child", trial.trial_id)
             self._requested.add(trial.trial_id)
-            self._writer.log(("trial", trial.trial_id), params=params)
+            self._sink.send("log", ("trial", trial.trial_id), (), params, ())
         return ("trial", trial.trial_id)
 
-    def _create_child(self, trial_id: int) -> None:  # in the writer thread
-        run = self.client.create_run(
-            self.experiment_id,
-            run_name=f"trial-{trial_id}",
-            tags={
-                **self.tags,
-                "mlflow.parentRunId": self.parent_run_id,
-                "pipetune.kind": "trial",
-                "pipetune.trial_id": str(trial_id),
-            },
-        )
-        self._children[trial_id] = run.info.run_id
-
     def child_run_id(self, trial_id: int) -> str | None:
-        """The trial's child run id (waits for the writer if the run is still queued)."""
+        """The trial's child run id (waits for the sink if the run is still queued)."""
         if (trial_id in self._requested and trial_id not in self._children
-                and not self._writer.closed):
+                and not self._sink.closed):
             self.flush()
         return self._children.get(trial_id)
 
     def log_epoch(self, trial: Trial, result: EpochResult) -> None:
-        """Queue the metrics of one finished epoch, at ``step = epoch``."""
-        from mlflow.entities import RunTag
-
+        """Send the metrics of one finished epoch, at ``step = epoch``."""
         run = self._child(trial)
         ts = int(result.finished * 1000)
         m = result.measurement
@@ -421,47 +330,37 @@ class StudyTracker:
             **{k: v for k, v in result.metrics.items()},
             **result.system.as_metrics(),
         }
-        metrics = [_metric(k, v, result.epoch, ts) for k, v in values.items()]
+        metrics = [(k, float(v), result.epoch, ts) for k, v in values.items()]
         tags = [
-            RunTag(f"epoch.{result.epoch:03d}.phase", result.phase.value),
-            RunTag(f"epoch.{result.epoch:03d}.system", result.system.label()),
-            RunTag("energy_source", m.energy_source),
-            RunTag("counters_source", m.counters_source),
+            (f"epoch.{result.epoch:03d}.phase", result.phase.value),
+            (f"epoch.{result.epoch:03d}.system", result.system.label()),
+            ("energy_source", m.energy_source),
+            ("counters_source", m.counters_source),
         ]
-        self._writer.log(run, metrics=metrics, tags=tags)
+        self._sink.send("log", run, metrics, (), tags)
 
     def end_trial(self, trial: Trial, *, metric: str, objective: str) -> None:
-        """Queue the outcome, profile table and the config the trial settled on, then the
+        """Send the outcome, profile table and the config the trial settled on, then the
         end of the trial's run."""
-        from mlflow.entities import RunTag
-
         run = self._child(trial)
-        tags = [RunTag("outcome", trial.state)]
+        tags = [("outcome", trial.state)]
         if trial.error:
-            tags.append(RunTag("error", trial.error[:5000]))
+            tags.append(("error", trial.error[:5000]))
         if trial.match is not None:
-            tags.append(RunTag("groundtruth", "hit" if trial.match.hit else "miss"))
-            tags.append(RunTag("groundtruth.reason", trial.match.reason[:5000]))
+            tags.append(("groundtruth", "hit" if trial.match.hit else "miss"))
+            tags.append(("groundtruth.reason", trial.match.reason[:5000]))
         if trial.final_system is not None:
-            tags.append(RunTag("system.final", trial.final_system.label()))
+            tags.append(("system.final", trial.final_system.label()))
         now = int(time.time() * 1000)
-        metrics = [_metric("probe_epochs", trial.probe_epochs, 0, now)]
+        metrics = [("probe_epochs", float(trial.probe_epochs), 0, now)]
         value = trial.last_value(metric)
         if value is not None:
-            metrics.append(_metric(f"final_{metric}", value, trial.epochs_run, now))
-        self._writer.log(run, metrics=metrics, tags=tags)
+            metrics.append((f"final_{metric}", float(value), trial.epochs_run, now))
+        self._sink.send("log", run, metrics, (), tags)
         if trial.results:
-            snapshot = copy.copy(trial)  # the writer reads it later
-            snapshot.results = list(trial.results)
-            self._writer.call(self._log_profiles, run, snapshot)
+            self._sink.send("log_profiles", run, profile_rows(trial))
         status = "FAILED" if trial.state == "failed" else "FINISHED"
-        self._writer.call(self._terminate, run, status)
-
-    def _log_profiles(self, run: Hashable, trial: Trial) -> None:  # in the writer thread
-        self.client.log_text(self._run_id(run), profiles_csv(trial), "profiles.csv")
-
-    def _terminate(self, run: Hashable, status: str) -> None:  # in the writer thread
-        self.client.set_terminated(self._run_id(run), status=status)
+        self._sink.send("terminate", run, status)
 
     # -- the study ----------------------------------------------------------------------
     def finish(self, study: Study, *, wall_s: float, extra_metrics: dict[str, float] | None = None,
@@ -527,15 +426,18 @@ class StudyTracker:
     def fail(self, *, timeout: float | None = 120.0) -> None:
         """End the study as failed: still-running child runs KILLED, the parent FAILED.
 
-        Writes everything queued first (waiting at most ``timeout`` seconds), so what was
+        Writes everything sent first (waiting at most ``timeout`` seconds), so what was
         recorded before the failure is kept. Never raises: what cannot be written (a
         background write that failed, a store that is down) is logged."""
         try:
-            self._writer.close(timeout)
+            self.close(timeout)
         except Exception:  # noqa: BLE001 - failing already; say what was lost
             logger.warning("MLflow: some writes of study run %s were lost",
                            self.parent_run_id, exc_info=True)
-        for trial_id, run_id in sorted(self._children.items()):
+        children = dict(self._children)
+        if len(children) < len(self._requested):  # the sink's map was lost with a write
+            children.update(self._children_from_store())
+        for trial_id, run_id in sorted(children.items()):
             try:
                 run = self.client.get_run(run_id)
                 if run.info.status == "RUNNING":
@@ -549,11 +451,20 @@ class StudyTracker:
             logger.warning("MLflow: could not mark study run %s failed", self.parent_run_id,
                            exc_info=True)
 
+    def _children_from_store(self) -> dict[int, str]:
+        try:
+            runs = self.client.search_runs(
+                [self.experiment_id], f"tags.mlflow.parentRunId = '{self.parent_run_id}'")
+        except Exception:  # noqa: BLE001
+            logger.warning("MLflow: could not list the trial runs of study run %s",
+                           self.parent_run_id, exc_info=True)
+            return {}
+        return {int(r.data.tags["pipetune.trial_id"]): r.info.run_id for r in runs
+                if "pipetune.trial_id" in r.data.tags}
 
-def profiles_csv(trial: Trial) -> str:
+
+def profile_rows(trial: Trial) -> list[dict[str, Any]]:
     """One row per epoch: phase, system config and every profile feature."""
-    import pandas as pd
-
     rows: list[dict[str, Any]] = []
     for r in trial.results:
         m = r.measurement
@@ -570,4 +481,4 @@ def profiles_csv(trial: Trial) -> str:
         })
         if r.phase.value != "profile":  # the operator mix is sampled in the profiled epoch only
             rows[-1].update({k: None for k in m.profile.features if k.startswith("op_")})
-    return pd.DataFrame(rows).to_csv(index=False)
+    return rows

@@ -1,12 +1,12 @@
-"""Epoch tasks: Prefect task runs in the flow process, each driving one Dask future.
+"""Epoch tasks: one Prefect task run per epoch, the epoch a plain Dask future.
 
-A Prefect task run executed *on* a Dask worker costs 0.24-0.31 s (the flow-run
-context serialised into every submit, settings, clients and the engine rebuilt on the
-worker). Here the epoch is a plain function on the cluster
-(:class:`pipetune.backends.DaskBackend`) and its task run lives in the flow process's
-thread pool, mirroring the epoch's Dask future: the Prefect UI still shows one task
-run per epoch, lasting as long as the epoch, and Prefect costs the study nothing on
-its critical path but the thread's CPU.
+A Prefect task run executed *on* a Dask worker cost 0.24-0.31 s (the flow-run context
+serialised into every submit, settings, clients and the engine rebuilt on the
+worker); one run by the task engine in the flow process's thread pool, mirroring the
+epoch's future, still cost the loop ~50 ms of GIL per epoch. Here the epoch is a plain
+function on the cluster (:class:`pipetune.backends.DaskBackend`) and its task run is
+recorded by the recorder process (:mod:`tasks.records`): the Prefect UI shows one
+``train-epoch`` task run per epoch, lasting as long as the epoch.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from prefect.futures import PrefectFuture
 
 from pipetune.backends import EpochBackend, EpochOutcome
 from pipetune.runner import EpochResult, EpochTask
+from tasks.records import TaskRunRecord
 
 
 @task(
@@ -27,13 +27,14 @@ from pipetune.runner import EpochResult, EpochTask
     cache_policy=NO_CACHE,
     persist_result=False,
 )
-def train_epoch(epoch_task: EpochTask, running: Any) -> EpochResult:
-    """Train, profile, evaluate and checkpoint one epoch under its system config.
+def train_epoch(epoch_task: EpochTask) -> EpochResult:
+    """Train, profile, evaluate and checkpoint one epoch under its system config, here.
 
-    The epoch is already running on the cluster as the Dask future ``running`` (sent
-    before this task run started, so Prefect's own start-up overlaps the epoch); the
-    task run lasts until it is done and fails if it fails."""
-    return running.result()
+    A study runs its epochs on Dask and records each as a run of this task
+    (:class:`PrefectEpochBackend`); called as a task, it runs the epoch in place."""
+    from pipetune.runner import run_epoch
+
+    return run_epoch(epoch_task)
 
 
 @task(name="evaluate-best", cache_policy=NO_CACHE, persist_result=False)
@@ -43,38 +44,44 @@ def evaluate_checkpoint(epoch_task: EpochTask, checkpoint: str, backend: Any) ->
 
 
 class PrefectEpochBackend(EpochBackend):
-    """One ``train-epoch`` task run per epoch, in the flow's thread pool, mirroring the
-    epoch's Dask future on ``cluster`` (a :class:`~pipetune.backends.DaskBackend`).
+    """Epochs on ``cluster`` (a :class:`~pipetune.backends.DaskBackend`), each recorded
+    as one ``train-epoch`` task run of the flow run by ``record`` (a
+    :class:`~tasks.records.TaskRunRecord`): Running from the moment the epoch is sent,
+    Completed or Failed when its Dask future is, Cancelled if the study stops first.
 
-    The engine hears of a finished epoch from the Dask future itself, so neither the
-    task run's start nor its completion is on the study's critical path; every task
-    run is settled before the study ends (:meth:`release` of the whole study).
-    """
+    The engine hears of a finished epoch from the Dask future itself; the record is
+    written by the recorder process, so Prefect costs the study loop nothing but a
+    message per state."""
 
-    def __init__(self, cluster: Any):
+    def __init__(self, cluster: Any, record: TaskRunRecord):
         self.cluster = cluster
-        self._task_runs: list[PrefectFuture] = []
+        self.record = record
+        self._runs: dict[tuple[int, int], str] = {}
 
     def submit(self, task: EpochTask) -> None:
-        running = self.cluster.submit(task)
-        self._task_runs.append(train_epoch.submit(task, running))
+        self.cluster.submit(task)
+        self._runs[(task.trial_id, task.epoch)] = self.record.started(
+            "train-epoch", epoch_run_name(task), task.trial_id)
 
     def wait(self) -> EpochOutcome:
-        return self.cluster.wait()
-
-    def _settle_task_runs(self, timeout: float | None = None) -> None:
-        runs, self._task_runs = self._task_runs, []
-        for future in runs:
-            future.wait(timeout=timeout)
+        outcome = self.cluster.wait()
+        run_id = self._runs.pop((outcome.task.trial_id, outcome.task.epoch), None)
+        if run_id is not None:
+            self.record.finished(run_id, error=outcome.error)
+        return outcome
 
     def release(self, study_id: str, trial_id: int | None = None) -> None:
         self.cluster.release(study_id, trial_id)
-        if trial_id is None:
-            self._settle_task_runs()
 
     def cancel(self) -> None:
         self.cluster.cancel()
-        self._settle_task_runs(timeout=10)
+        self._runs.clear()
+        self.record.cancel_open()
 
     def evaluate(self, task: EpochTask, checkpoint: str) -> dict[str, float]:
         return evaluate_checkpoint(task, checkpoint, self.cluster)
+
+
+def epoch_run_name(task: EpochTask) -> str:
+    """The task run's name, as ``train_epoch`` names it."""
+    return f"trial-{task.trial_id}-epoch-{task.epoch}-{task.phase.value}"

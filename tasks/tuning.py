@@ -1,7 +1,9 @@
-"""Profile lookup and system-tuning tasks: run in the flow process, between epochs.
+"""Profile lookup and system-tuning tasks: the decisions between a trial's epochs.
 
-They take the study engine and a trial id, and call the engine's policy methods, so
-the Prefect UI shows each decision as a task run between a trial's epochs.
+They take the study engine and a trial id and call its policy methods. The study flow
+makes those calls itself and records each as a run of these tasks
+(:class:`tasks.records.TaskRunRecord`), so the Prefect UI shows every decision as a
+task run between a trial's epochs without the task engine on the loop's path.
 """
 
 from __future__ import annotations

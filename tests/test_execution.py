@@ -114,7 +114,8 @@ def test_a_process_knob_runs_on_a_worker_started_for_it(cluster, client, tmp_pat
     spec["options"]["resources"] = {"cores": 2, process_resource("omp_wait_policy", "active"): 1}
     base, cluster.new_spec = cluster.new_spec, spec
     try:
-        with dask.config.set({"distributed.worker.multiprocessing-method": "spawn"}):
+        with dask.config.set({"distributed.worker.multiprocessing-method": "spawn",
+                              "distributed.worker.daemon": False}):
             cluster.scale(3)
             client.wait_for_workers(3, timeout=120)
     finally:

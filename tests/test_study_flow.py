@@ -3,7 +3,6 @@ real (tiny) training, MLflow on SQLite, checkpoints on disk."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -115,21 +114,32 @@ def test_prefect_shows_each_trial_as_a_chain_of_tasks(cold):
     with get_client(sync_client=True) as client:
         flow_run = client.read_flow_run(cold["flow_run_id"])
         assert flow_run.state.is_completed()
-        names: list[str] = []
-        deadline = time.monotonic() + 30  # task-run records arrive as events
-        while time.monotonic() < deadline:
-            runs = client.read_task_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
-            )
-            names = [r.name for r in runs]
-            if sum(n.startswith("trial-") and "-epoch-" in n for n in names) >= 9:
-                break
-            time.sleep(0.5)
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
+        )
+    by_name = {r.name: r for r in runs}
+    assert len(by_name) == len(runs)  # one task run per epoch and per decision
     for trial in range(3):
-        epochs = [n for n in names if n.startswith(f"trial-{trial}-epoch-")]
-        assert len(epochs) == 3, names
-        assert f"trial-{trial}-profile-lookup" in names
-        assert {f"trial-{trial}-tune-after-epoch-{e}" for e in (1, 2)} <= set(names)
+        chain = sorted((r for r in runs if r.name.startswith(f"trial-{trial}-")),
+                       key=lambda r: r.start_time)
+        names = [r.name for r in chain]
+        # epoch 1 (profile) -> lookup -> tune -> epoch 2 -> tune -> epoch 3, in time order
+        assert names[0] == f"trial-{trial}-epoch-1-profile", names
+        assert names[1:3] == [f"trial-{trial}-profile-lookup",
+                              f"trial-{trial}-tune-after-epoch-1"], names
+        assert names[3].startswith(f"trial-{trial}-epoch-2-"), names
+        assert names[4] == f"trial-{trial}-tune-after-epoch-2", names
+        assert names[5].startswith(f"trial-{trial}-epoch-3-") and len(names) == 6, names
+        for before, run in zip(chain, chain[1:], strict=False):
+            assert run.state.is_completed(), (run.name, run.state)
+            assert run.start_time >= before.end_time  # each starts after the one before
+            # ... and the UI draws it as that one's successor
+            assert [i.id for i in run.task_inputs["wait_for"]] == [before.id]
+        assert chain[0].state.is_completed()
+        assert chain[0].task_inputs.get("wait_for", []) == []
+    others = [r for r in runs if not r.name.startswith("trial-")]
+    assert [r.name.rsplit("-", 1)[0] for r in others] == ["evaluate-best"]
+    assert others[0].state.is_completed()
 
 
 def test_checkpoints_exist_for_every_epoch(cold, store):

@@ -1,0 +1,37 @@
+"""A sink for the sidecar tests: appends what it is sent to a file, one line per call,
+buffering lines until the host is idle; ``fail`` raises."""
+
+from __future__ import annotations
+
+import os
+
+
+class FileSink:
+    def __init__(self, path: str):
+        self.path = path
+        self.buffer: list[str] = []
+        self.flushes = 0
+
+    def append(self, line: str) -> None:
+        self.buffer.append(line)
+
+    def fail(self, message: str) -> None:
+        raise ValueError(message)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def lines(self) -> list[str]:
+        self.idle()
+        with open(self.path) as f:
+            return f.read().splitlines()
+
+    def idle(self) -> None:
+        if self.buffer:
+            with open(self.path, "a") as f:
+                f.write("".join(f"{line}\n" for line in self.buffer))
+            self.buffer.clear()
+            self.flushes += 1
+
+    def idle_flushes(self) -> int:
+        return self.flushes

@@ -1,0 +1,104 @@
+"""The recorder process: calls in order, off this process, errors raised where the
+caller waits, and nothing sent lost when the caller dies."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from pipetune.sidecar import ProcessHost, SidecarError, ThreadHost
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def host():
+    host = ProcessHost(name="test-recorder")
+    yield host
+    host.stop(timeout=30)
+
+
+def test_calls_run_in_order_in_another_process_and_are_batched(host, tmp_path):
+    out = tmp_path / "lines.txt"
+    sink = host.attach("recording_sink:FileSink", path=str(out))
+    for i in range(500):
+        sink.send("append", f"line {i}")
+    assert sink.call("lines", timeout=60) == [f"line {i}" for i in range(500)]
+    assert sink.call("pid") == host.pid != os.getpid()
+    assert sink.call("idle_flushes") < 500  # sent in a burst: written in a few goes
+
+
+def test_a_sink_error_is_raised_by_the_next_call_once(host, tmp_path):
+    sink = host.attach("recording_sink:FileSink", path=str(tmp_path / "x.txt"))
+    sink.send("fail", "first")
+    sink.send("fail", "second")
+    sink.send("append", "after")
+    with pytest.raises(ValueError, match="first") as caught:
+        sink.call("pid")
+    assert "1 more call" in "".join(caught.value.__notes__)
+    assert sink.call("lines") == ["after"]  # it went on after the failures
+    sink.close()
+    with pytest.raises(SidecarError, match="closed"):
+        sink.send("append", "too late")
+
+
+def test_a_sink_that_cannot_be_built_says_so(host):
+    sink = host.attach("recording_sink:NoSuchSink")
+    with pytest.raises(AttributeError, match="NoSuchSink"):
+        sink.call("pid")
+    with pytest.raises(SidecarError, match="not attached"):
+        sink.call("pid")
+
+
+def test_the_thread_host_runs_the_same_sink_here(tmp_path):
+    from recording_sink import FileSink
+
+    host = ThreadHost()
+    sink = host.attach(FileSink(str(tmp_path / "t.txt")))
+    for i in range(50):
+        sink.send("append", str(i))
+    assert sink.call("lines") == [str(i) for i in range(50)]
+    assert sink.call("pid") == os.getpid()
+    host.stop(timeout=10)
+
+
+def test_what_was_sent_is_written_when_the_caller_is_killed(tmp_path):
+    out = tmp_path / "lines.txt"
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(TESTS_DIR)!r})
+        from pipetune.sidecar import ProcessHost
+        host = ProcessHost()
+        sink = host.attach("recording_sink:FileSink", path={str(out)!r})
+        sink.call("pid", timeout=60)  # the child is up
+        for i in range(2000):
+            sink.send("append", f"line {{i}}")
+        print(host.pid, flush=True)
+        while not host._queue.empty():  # handed to the pipe
+            pass
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    child = int(proc.stdout.split()[0])
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and _alive(child):
+        time.sleep(0.1)
+    assert not _alive(child)  # it finished and exited without its parent
+    assert out.read_text().splitlines() == [f"line {i}" for i in range(2000)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/stat")
+    return status.exists() and status.read_text().split()[2] != "Z"
