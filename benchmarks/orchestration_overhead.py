@@ -8,8 +8,9 @@ A. a job whose epoch is a fixed sleep (the synthetic workload with ``base_second
 B. the README example (``examples/lenet_digits.yaml``),
 
 each through the real path ``pipetune tune`` takes: a local Prefect server on
-127.0.0.1, ``study_flow`` on the process's embedded Dask LocalCluster (started once,
-before the first study, outside every clock), MLflow on SQLite. Per
+127.0.0.1, ``study_flow`` on the process's embedded Dask LocalCluster and its
+recorder process (each started once, before the first study, outside every clock),
+MLflow on SQLite. Per
 epoch it splits the time around the compute into: Prefect/Dask round trip (submit ->
 result, minus the worker's time), worker extra (workload rebuild, checkpoint load and
 save) and loop gap (result -> next epoch submitted: lookup, tuning, MLflow logging).
@@ -91,9 +92,15 @@ def main() -> int:
         from flows.study import study_flow
         from pipetune.tracking import ensure_experiment
 
+        from pipetune.sidecar import shared_host
+
         t0 = time.time()
         shared_cluster()
         print(f"embedded cluster warm after {time.time() - t0:.1f} s (outside every clock)")
+        t0 = time.time()
+        shared_host(preload=("mlflow.tracking", "pandas", "prefect.client.orchestration",
+                             "tasks.records")).wait_ready()
+        print(f"recorder process ready after {time.time() - t0:.1f} s (outside every clock)")
         ensure_experiment(f"sqlite:///{work / 'mlflow.db'}")
         results = []
         for name, job in (("Z zero-length epochs", sleep_job(0.0, 5, 10, 16, "zero-length")),

@@ -18,10 +18,6 @@ from pathlib import Path
 
 from pipetune.errors import PipetuneError, SpecError
 
-#: What the recorder process (MLflow writes, Prefect task-run records) imports as it
-#: starts, beside the server's boot, so the study's first records do not wait for it.
-RECORDER_PRELOAD = ("mlflow.tracking", "pandas", "prefect.client.orchestration",
-                    "tasks.records")
 _DASK_ADDRESS = re.compile(r"^(tcp|tls|inproc|ucx)://[^\s:/]+(:\d+)?$")
 
 
@@ -81,9 +77,6 @@ def run_tune(args: argparse.Namespace) -> int:
     job: dict = {}
 
     def overlap_startup() -> None:
-        from pipetune.sidecar import shared_host
-
-        shared_host(preload=RECORDER_PRELOAD)  # the recorder imports MLflow and Prefect too
         startup.append(_Background(importlib.import_module, "flows.study"))
         if not args.dask_address:
             from flows.cluster import shared_cluster

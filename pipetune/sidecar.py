@@ -260,6 +260,10 @@ class ProcessHost(_Host):
         self._put(("attach", key, (target, kwargs)), None)
         return Channel(self, key)
 
+    def wait_ready(self, timeout: float | None = 120.0) -> None:
+        """Return once the child has started and imported its ``preload``."""
+        self._ask(("detach", "_preload"), timeout)
+
     def _put(self, item: tuple, reply: _Reply | None) -> None:
         with self._lock:
             if self._broken is not None:
