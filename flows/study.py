@@ -73,6 +73,8 @@ def study_flow(
         bound_factor=spec.pipetune.similarity.bound_factor,
         min_bound=spec.pipetune.similarity.min_bound,
     )
+    if spec.pipetune.enabled:  # a corrupt store stops the study before it records anything
+        ground_truth.check()
     client = client_for(dask_address)
     if dask_address is None:  # workers for OpenMP policies the job asks for, before the clock
         ensure_worker_groups(process_knob_values(spec))

@@ -57,6 +57,7 @@ import hashlib
 import json
 import math
 import os
+import stat
 import statistics
 import tempfile
 import threading
@@ -123,6 +124,27 @@ class _Fit:
     radius: list[float]
     bounds: list[float]
     entries: dict[tuple[int, int, str], GroundTruthEntry]
+
+
+def _mode_for(path: Path) -> int:
+    """The permission bits a rewrite of ``path`` keeps: the file's own, or for a new
+    file what the umask allows of 0o666 (as ``open`` would have made it)."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (``os.umask`` would, for an
+    instant, for every thread)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
 
 
 class GroundTruth:
@@ -402,6 +424,7 @@ class GroundTruth:
                 dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp"
             )
             try:
+                os.chmod(tmp, _mode_for(self.path))  # a rewrite keeps who may read it
                 with os.fdopen(fd, "w") as fh:
                     fh.write(payload)
                     fh.flush()
@@ -411,6 +434,13 @@ class GroundTruth:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
                 raise
+
+    def check(self) -> int:
+        """Read and validate the whole store now; return its record count. A study calls
+        this before it records anything, so a corrupt store stops it at once with
+        :class:`GroundTruthError` instead of at its first lookup."""
+        records, _ = self._read()
+        return len(records)
 
     # -- clustering ----------------------------------------------------------------
     def prepare(self) -> None:
@@ -539,15 +569,17 @@ def _check_record(rec: Any, i: int) -> None:
     if not isinstance(rec["features"], dict):
         raise ValueError(f"record {i}: features is not an object")
     for name, value in rec["features"].items():
-        if not isinstance(value, int | float):
-            raise ValueError(f"record {i}: feature {name} is not a number")
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            raise ValueError(f"record {i}: feature {name} is not a finite number")
     bs = rec["batch_size"]
     if not isinstance(bs, int) or isinstance(bs, bool) or bs < 1:
         raise ValueError(f"record {i}: batch_size must be an integer >= 1")
     if rec["objective"] not in OBJECTIVES:
         raise ValueError(f"record {i}: objective must be one of {OBJECTIVES}")
-    if not isinstance(rec["cost"], int | float) or isinstance(rec["cost"], bool):
-        raise ValueError(f"record {i}: cost is not a number")
+    cost = rec["cost"]
+    if (not isinstance(cost, int | float) or isinstance(cost, bool) or not math.isfinite(cost)
+            or cost < 0):
+        raise ValueError(f"record {i}: cost is not a finite number >= 0")
     if not isinstance(rec["config"], dict):
         raise ValueError(f"record {i}: config is not an object")
     SystemConfig.from_dict(rec["config"])

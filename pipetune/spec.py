@@ -38,6 +38,14 @@ from pipetune.space import Distribution, space_from_json, space_to_json
 from pipetune.system.config import KNOBS, MachineInfo, SystemConfig
 
 NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
+#: Longest job name (it names runs, folders and Prefect objects).
+MAX_NAME_LENGTH = 128
+#: Job files are small: anything past these is refused before it can cost memory.
+MAX_FILE_BYTES = 1 << 20
+MAX_NESTING = 32
+MAX_VALUES = 100_000
+#: Searcher seeds: what numpy's and Optuna's generators accept.
+MAX_SEED = 2**32 - 1
 
 
 # -- field types with their own validation ---------------------------------------------
@@ -95,7 +103,7 @@ class WorkloadSpec(_Section):
     """``name``: a built-in (``lenet5``) or an import path ``package.module:Class``;
     ``params``: keyword arguments for the class."""
 
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, max_length=512)
     params: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("params")
@@ -176,9 +184,9 @@ class SearchSpec(_Section):
     """How hyperparameter configurations are chosen."""
 
     algorithm: Literal["random", "grid", "tpe"] = "tpe"
-    trials: int = Field(ge=1)
-    seed: int = 0
-    max_concurrent: int = Field(1, ge=1)
+    trials: int = Field(ge=1, le=100_000)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    max_concurrent: int = Field(1, ge=1, le=4096)
     grid_points: int = Field(3, ge=2)
 
 
@@ -239,7 +247,7 @@ class ProfilerSpec(_Section):
 class JobSpec(_Section):
     """A whole job file. Build with :func:`load_spec` or :meth:`from_dict`."""
 
-    name: str = Field(pattern=NAME_PATTERN)
+    name: str = Field(pattern=NAME_PATTERN, max_length=MAX_NAME_LENGTH)
     workload: WorkloadSpec
     hyperparameters: Space
     system: SystemSpec = Field(default_factory=SystemSpec)
@@ -279,7 +287,9 @@ class JobSpec(_Section):
     def from_dict(cls, data: Any, machine: MachineInfo | None = None) -> JobSpec:
         """Validate a plain dict (parsed YAML/JSON). ``machine`` defaults to this one."""
         if not isinstance(data, Mapping):
-            raise SpecError("", f"a job spec must be a mapping of sections, got {data!r}")
+            raise SpecError("", "a job spec must be a mapping of sections, got "
+                            f"{_short(data)}")
+        check_size(data)
         try:
             return cls.model_validate(dict(data), context={"machine": machine})
         except ValidationError as e:
@@ -318,7 +328,7 @@ def _check_workload_params(workload_cls: type, spec: JobSpec) -> None:
     _check_system_hyperparameters(spec)
     known = getattr(workload_cls, "hparam_specs", None)
     if isinstance(known, Mapping) and known:
-        for name in spec.hyperparameters:
+        for name, dist in spec.hyperparameters.items():
             if name.startswith(SYSTEM_HPARAM_PREFIX):
                 continue
             if name not in known:
@@ -326,6 +336,27 @@ def _check_workload_params(workload_cls: type, spec: JobSpec) -> None:
                     f"hyperparameters.{name}",
                     f"not a hyperparameter of {spec.workload.name}; allowed: {', '.join(known)}",
                 )
+            coerce = getattr(known[name], "coerce", None)
+            if coerce is not None:  # every value the search can draw is one it accepts
+                for value in _extremes(dist):
+                    coerce(f"hyperparameters.{name}", value)
+
+
+def _extremes(dist: Distribution) -> list[Any]:
+    """The values of ``dist`` a range check must accept: every choice, a range's ends
+    (a continuous range's top is never drawn exactly: checked just below it)."""
+    import math
+
+    from pipetune.space import Choice, IntUniform
+
+    if isinstance(dist, Choice):
+        return list(dist.values)
+    if isinstance(dist, IntUniform):
+        return [dist.low, dist.high]
+    low, high = getattr(dist, "low", None), getattr(dist, "high", None)
+    if low is None or high is None:
+        return []
+    return [low, math.nextafter(high, -math.inf) if high > low else high]
 
 
 #: Hyperparameters named ``system.<knob>`` put a system knob into the search space
@@ -475,8 +506,12 @@ def load_spec(path: str | Path, machine: MachineInfo | None = None) -> JobSpec:
         raise SpecError("", f"no such file: {path}") from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
         raise SpecError("", f"cannot read {path}: {e}") from None
+    if len(text.encode("utf-8")) > MAX_FILE_BYTES:
+        raise SpecError("", f"{path} is larger than {MAX_FILE_BYTES} bytes; job files are small")
     try:
         data = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise SpecError("", f"nested deeper than {MAX_NESTING} levels") from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -486,6 +521,35 @@ def load_spec(path: str | Path, machine: MachineInfo | None = None) -> JobSpec:
     if data is None:
         raise SpecError("", f"{path} is empty")
     return JobSpec.from_dict(data, machine=machine)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({type(value).__name__})"
+
+
+def check_size(data: Any) -> None:
+    """Refuse a document nested deeper than ``MAX_NESTING`` or holding more than
+    ``MAX_VALUES`` values once YAML aliases are expanded (``&a [*b, *b, ...]`` grows
+    exponentially), naming where it happened."""
+    budget = [MAX_VALUES]
+
+    def walk(value: Any, where: list[str]) -> None:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise SpecError(".".join(where), f"the job holds more than {MAX_VALUES} values "
+                            "(YAML aliases expand where they are used)")
+        if len(where) > MAX_NESTING:
+            raise SpecError(".".join(where[:MAX_NESTING]),
+                            f"nested deeper than {MAX_NESTING} levels")
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                walk(item, [*where, str(key)[:40]])
+        elif isinstance(value, list | tuple):
+            for i, item in enumerate(value):
+                walk(item, [*where, str(i)])
+
+    walk(data, [])
 
 
 __all__ = [

@@ -170,6 +170,40 @@ def test_corrupt_file_is_reported_by_path_and_left_alone(gt):
         len(gt)
 
 
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o600])
+def test_a_rewrite_keeps_the_files_permissions(gt, mode):
+    import os
+    import stat
+
+    gt.record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
+    os.chmod(gt.path, mode)
+    gt.record(noisy(CONV_JOB, 1), 32, "time", CORES2, 0.02)
+    assert stat.S_IMODE(gt.path.stat().st_mode) == mode
+    assert len(gt) == 2
+
+
+def test_a_new_store_gets_the_umask_permissions_not_0600(gt):
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        gt.record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(gt.path.stat().st_mode) == 0o644
+
+
+def test_check_reads_the_whole_store_or_says_what_is_wrong(gt):
+    assert gt.check() == 0
+    gt.record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
+    assert gt.check() == 1
+    text = gt.path.read_text()
+    gt.path.write_text(text.replace('"cost": 0.01', '"cost": NaN'))
+    with pytest.raises(GroundTruthError, match=f"{gt.path}.*cost"):
+        gt.check()
+
+
 def test_clear_removes_every_record_and_says_how_many(gt):
     assert gt.clear() == 0
     for seed in range(3):

@@ -195,3 +195,24 @@ def test_a_failing_trial_fails_alone(cluster, store):
     assert "hidden=8" in runs["failed"].data.tags["error"]
     parent = client.get_run(summary["parent_run_id"])
     assert parent.info.status == "FINISHED" and parent.data.metrics["trials_failed"] == 1
+
+
+def test_a_corrupt_ground_truth_stops_the_study_before_it_records(cluster, store, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from flows.study import study_flow
+    from pipetune.errors import GroundTruthError
+
+    bad = tmp_path / "groundtruth.json"
+    text = '{"records": [{"features": {"cpu_util": NaN}, "batch_size": 32}]}'
+    bad.write_text(text)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with pytest.raises(GroundTruthError, match=f"{bad}.*not a finite number"):
+        study_flow(job=JOB, tracking_uri=uri, checkpoint_root=str(tmp_path / "ck"),
+                   groundtruth_path=str(bad), core_budget=2,
+                   dask_address=cluster.scheduler_address)
+    assert bad.read_text() == text  # left as it was, for the user to look at
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("pipetune")
+    assert experiment is None or client.search_runs([experiment.experiment_id]) == []
+    assert not (tmp_path / "ck").exists()
