@@ -90,9 +90,8 @@ def main() -> int:
     try:
         from flows.cluster import close_shared_cluster, shared_cluster
         from flows.study import study_flow
-        from pipetune.tracking import ensure_experiment
-
         from pipetune.sidecar import shared_host
+        from pipetune.tracking import ensure_experiment
 
         t0 = time.time()
         shared_cluster()

@@ -18,6 +18,7 @@ import uuid
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.exceptions import TerminationSignal
 from prefect.runtime import deployment, flow_run
 
 from flows.cluster import (
@@ -119,11 +120,13 @@ def study_flow(
         extra.update(overhead_summary(timings))
         tracker.finish(study, wall_s=wall_s, extra_metrics=extra)
         record.close()
-    except BaseException:
+    except BaseException as stop:
+        # Ctrl-C, pipetune's own SIGTERM/SIGHUP (Stopped), or Prefect's SIGTERM handler
+        stopped = isinstance(stop, KeyboardInterrupt | TerminationSignal)
         record.cancel_open()
-        tracker.fail()
+        tracker.fail(status="KILLED" if stopped else "FAILED", timeout=5 if stopped else 120)
         with contextlib.suppress(Exception):
-            record.close()
+            record.close(timeout=3 if stopped else 60)
         raise
     summary = study.summary()
     return {
@@ -185,3 +188,14 @@ def _link_mlflow_run(tracker: StudyTracker, tracking_uri: str) -> None:
         ),
         description="Where this study is recorded in MLflow",
     )
+
+
+def drain_prefect(timeout: float = 5.0) -> None:
+    """Send the logs and events Prefect still holds in this process, while its API is
+    up: a server stopped first would leave them retrying at exit for a minute."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (APILogWorker, EventsWorker):
+        with contextlib.suppress(Exception):
+            worker.drain_all(timeout=timeout)

@@ -11,6 +11,7 @@ printed as one ``error: ...`` line, no traceback).
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
@@ -107,9 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PipetuneError as e:
         _error(str(e))
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        _error("interrupted")
-        return 130
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        _error(str(e) or "interrupted")
+        return 128 + signum
 
 
 if __name__ == "__main__":

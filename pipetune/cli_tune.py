@@ -8,15 +8,17 @@ Prefect server (if any) is up.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import re
+import signal
 import sys
 import threading
 import time
 from pathlib import Path
 
-from pipetune.errors import PipetuneError, SpecError
+from pipetune.errors import PipetuneError, SpecError, Stopped
 
 _DASK_ADDRESS = re.compile(r"^(tcp|tls|inproc|ucx)://[^\s:/]+(:\d+)?$")
 
@@ -63,6 +65,45 @@ class _Startup:
 
 
 def run_tune(args: argparse.Namespace) -> int:
+    with _stop_on_signals():
+        return _run_tune(args)
+
+
+@contextlib.contextmanager
+def _stop_on_signals():
+    """SIGTERM and SIGHUP stop ``tune`` as Ctrl-C does: raised in the main thread as
+    :class:`Stopped`, so running epochs are cancelled, MLflow runs end KILLED and the
+    server and cluster are stopped on the way out."""
+    def stop(signum, _frame):
+        for s in previous:  # once: a second signal must not cut the clean-up short
+            signal.signal(s, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous: dict[int, object] = {}
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        previous[s] = signal.signal(s, stop)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def _as_stopped():
+    """Prefect's flow engine has its own SIGTERM handler; what it raises is a stop too."""
+    try:
+        yield
+    except BaseException as e:
+        if type(e).__name__ == "TerminationSignal" and isinstance(getattr(e, "signal", None), int):
+            raise Stopped(e.signal) from None
+        raise
+
+
+def _run_tune(args: argparse.Namespace) -> int:
     from pipetune.home import pipetune_home
     from pipetune.prefect_server import prefect_api
 
@@ -108,9 +149,26 @@ def run_tune(args: argparse.Namespace) -> int:
         check_job()
         overlap_startup()
 
+    closing: list[threading.Thread] = []
+
+    def close_cluster() -> None:  # beside the server's stop, not after it
+        if "flows.study" in sys.modules:
+            sys.modules["flows.study"].drain_prefect(timeout=3)
+        if args.dask_address or closing:
+            return
+        from flows.cluster import close_shared_cluster
+
+        def close() -> None:
+            for background in startup:
+                background.join()
+            close_shared_cluster()
+
+        closing.append(threading.Thread(target=close, name="pipetune-close-cluster"))
+        closing[0].start()
+
     try:
         with prefect_api(pipetune_home() / "prefect-server.log",
-                         before_wait=check_then_start) as server:
+                         before_wait=check_then_start, on_exit=close_cluster) as server:
             startup_marks.mark("Prefect server ready")
             for background in startup:
                 background.result()
@@ -122,7 +180,7 @@ def run_tune(args: argparse.Namespace) -> int:
             display = _LiveDisplay(spec.search.trials, spec.objective.metric)
             add_listener(display.update)
             try:
-                with display:
+                with display, _as_stopped():
                     summary = study_flow(
                         job=spec.to_dict(),
                         tracking_uri=tracking_uri,
@@ -136,12 +194,9 @@ def run_tune(args: argparse.Namespace) -> int:
             startup_marks.mark("study done", summary["started_at"] + summary["tuning_wall_s"])
             _print_summary(summary, spec.objective.metric, os.environ["PREFECT_API_URL"], server)
     finally:
-        if not args.dask_address:
-            from flows.cluster import close_shared_cluster
-
-            for background in startup:
-                background.join()
-            close_shared_cluster()
+        close_cluster()
+        for thread in closing:
+            thread.join()
     startup_marks.mark("servers stopped")
     print(startup_marks.line())
     return 0 if summary.get("trials_failed", 0) < summary.get("trials", 0) else 1

@@ -37,3 +37,18 @@ class WorkloadError(PipetuneError):
 
 class GroundTruthError(PipetuneError):
     """The ground-truth store is unreadable or was used wrongly."""
+
+
+class Stopped(KeyboardInterrupt):
+    """The command was told to stop by a signal (SIGTERM, SIGHUP; SIGINT stays a plain
+    ``KeyboardInterrupt``). Running epochs are cancelled, the MLflow runs end KILLED,
+    and the process exits ``128 + signum``."""
+
+    def __init__(self, signum: int):
+        import signal
+
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+    def __reduce__(self):
+        return (type(self), (self.signum,))

@@ -54,6 +54,9 @@ class LocalPrefectServer:
         self.api_url = f"http://{host}:{self.port}/api"
         self.log_path = Path(log_path) if log_path else None
         self.startup_timeout = startup_timeout
+        #: Seconds a stopping server gets to exit on SIGTERM before SIGKILL: its SQLite
+        #: writes are transactions, so nothing is lost if it is cut short.
+        self.stop_grace_s = 5.0
         self.process: subprocess.Popen | None = None
 
     def start(self) -> LocalPrefectServer:
@@ -102,7 +105,7 @@ class LocalPrefectServer:
             return
         try:
             os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=20)
+            proc.wait(timeout=self.stop_grace_s)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
@@ -121,6 +124,7 @@ def prefect_api(
     log_path: str | Path | None = None,
     on_url: Callable[[str], None] | None = None,
     before_wait: Callable[[], None] | None = None,
+    on_exit: Callable[[], None] | None = None,
 ) -> Iterator[LocalPrefectServer | None]:
     """The Prefect API for one command: the one ``PREFECT_API_URL`` names if set, else a
     :class:`LocalPrefectServer` started here (its URL exported for child processes, such
@@ -129,13 +133,18 @@ def prefect_api(
     The server's start overlaps the caller's own start-up: ``on_url(url)`` is called
     once the URL is exported, then the server is launched, then ``before_wait()`` runs
     (checking the job, say) before waiting for the server to be healthy. If either
-    raises, the server is stopped."""
+    raises, the server is stopped. ``on_exit()`` runs on the way out, just before the
+    server is stopped (so the caller's own clean-up can start beside the stop)."""
     if os.environ.get("PREFECT_API_URL"):
         if on_url is not None:
             on_url(os.environ["PREFECT_API_URL"])
         if before_wait is not None:
             before_wait()
-        yield None
+        try:
+            yield None
+        finally:
+            if on_exit is not None:
+                on_exit()
         return
     print(f"starting a local Prefect server on 127.0.0.1 (log: {log_path}) ...", file=sys.stderr)
     server = LocalPrefectServer(log_path=log_path)
@@ -149,5 +158,7 @@ def prefect_api(
         server.wait_healthy()
         yield server
     finally:
+        if on_exit is not None:
+            on_exit()
         server.stop()
         os.environ.pop("PREFECT_API_URL", None)

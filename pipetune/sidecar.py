@@ -392,7 +392,7 @@ def main(preload: list[str]) -> int:
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     sys.stdout = sys.stderr  # a print in a sink must not corrupt the replies
     out_lock = threading.Lock()
-    runner = _Runner("pipetune-recorder")
+    runner = _Runner("pipetune-recorder")  # the preload's, and any sink never attached
 
     def replier(rid: int | None) -> Callable[[Any, BaseException | None], None] | None:
         if rid is None:
@@ -412,15 +412,26 @@ def main(preload: list[str]) -> int:
             except Exception as e:  # noqa: BLE001 - the sink that needs it will say
                 logger.warning("recorder: could not preload %s: %s", module, e)
 
+    # One thread per sink: a sink that waits on a slow server (Prefect's) does not hold
+    # back another's writes (MLflow's), and each keeps its own order.
+    runners = {"_preload": runner}
     runner.put(("attach", "_preload", lambda: warm(), None))
     while True:
         message = _read_message(inp)
         if message is None:  # the parent closed our input, or died: finish, then exit
-            runner.put(("stop", None))
             break
         *item, rid = message
-        runner.put((*item, replier(rid)))
-    runner.join()
+        key = item[1]
+        if item[0] == "attach" and key not in runners:
+            runners[key] = _Runner(f"pipetune-recorder-{key}")
+        target = runners.get(key, runner)
+        target.put((*item, replier(rid)))
+        if item[0] == "detach" and key in runners and key != "_preload":
+            runners.pop(key).put(("stop", None))
+    for each in runners.values():
+        each.put(("stop", None))
+    for each in runners.values():
+        each.join()
     return 0
 
 

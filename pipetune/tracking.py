@@ -423,8 +423,9 @@ class StudyTracker:
             self.client.log_artifact(self.parent_run_id, str(local), "best_model")
             self.client.log_artifact(self.parent_run_id, str(meta), "best_model")
 
-    def fail(self, *, timeout: float | None = 120.0) -> None:
-        """End the study as failed: still-running child runs KILLED, the parent FAILED.
+    def fail(self, *, timeout: float | None = 120.0, status: str = "FAILED") -> None:
+        """End the study as failed: still-running child runs KILLED, the parent
+        ``status`` (``FAILED``, or ``KILLED`` when the study was stopped).
 
         Writes everything sent first (waiting at most ``timeout`` seconds), so what was
         recorded before the failure is kept. Never raises: what cannot be written (a
@@ -446,9 +447,9 @@ class StudyTracker:
                 logger.warning("MLflow: could not end the run of trial %s", trial_id,
                                exc_info=True)
         try:
-            self.client.set_terminated(self.parent_run_id, status="FAILED")
+            self.client.set_terminated(self.parent_run_id, status=status)
         except Exception:  # noqa: BLE001
-            logger.warning("MLflow: could not mark study run %s failed", self.parent_run_id,
+            logger.warning("MLflow: could not mark study run %s ended", self.parent_run_id,
                            exc_info=True)
 
     def _children_from_store(self) -> dict[int, str]:

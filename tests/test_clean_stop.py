@@ -1,0 +1,93 @@
+"""A real ``pipetune tune`` told to stop by a real signal: it exits within 10 s with
+``128 + signum``, every process it started is gone, and MLflow keeps the runs, ended
+KILLED, with every epoch logged before the signal."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from known import synthetic_job
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _epochs_logged(db: Path) -> int:
+    if not db.exists():
+        return 0
+    import sqlite3
+
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as con:
+            return con.execute(
+                "select count(*) from metrics where key = 'train_loss'").fetchone()[0]
+    except sqlite3.OperationalError:  # tables not made yet, or busy
+        return 0
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_stops_tune_cleanly(signum, tmp_path):
+    job = synthetic_job("stopped", trials=8)
+    job["workload"]["params"]["base_seconds"] = 0.5
+    job["search"]["max_concurrent"] = 2
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    env = {**os.environ, "PIPETUNE_HOME": str(tmp_path / "home"),
+           "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PYTHONPATH": os.pathsep.join(
+               p for p in (str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.Popen([sys.executable, "-m", "pipetune", "tune", "job.yaml"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    db = tmp_path / "mlflow.db"
+    try:
+        deadline = time.monotonic() + 240
+        while _epochs_logged(db) < 2 and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.5)
+        assert _epochs_logged(db) >= 2, "the study never got going"
+        started = psutil.Process(proc.pid).children(recursive=True)
+        assert started, "tune started no processes?"
+        sent = time.monotonic()
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signum, err
+    assert took <= 10, f"exit took {took:.1f} s"
+    assert "Traceback" not in err, err
+    assert ("interrupted" if signum == signal.SIGINT else signal.Signals(signum).name) in err
+    _, alive = psutil.wait_procs(started, timeout=max(0.1, 10 - took))
+    running = [p for p in alive if _running(p)]
+    assert not running, [p.pid for p in running]
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{db}")
+    exp = client.get_experiment_by_name("pipetune")
+    runs = client.search_runs([exp.experiment_id])
+    parent = [r for r in runs if r.data.tags.get("pipetune.kind") == "study"]
+    assert len(parent) == 1 and parent[0].info.status == "KILLED"
+    trials = [r for r in runs if r.data.tags.get("pipetune.kind") == "trial"]
+    assert trials and all(r.info.status in ("KILLED", "FINISHED") for r in trials)
+    logged = sum(len(client.get_metric_history(r.info.run_id, "train_loss")) for r in trials)
+    assert logged >= 2
+
+
+def _running(proc: psutil.Process) -> bool:
+    """Alive and not a zombie (a dead child nobody reaped yet holds nothing)."""
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
