@@ -13,6 +13,7 @@ waits for everything sent so far.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -52,14 +53,36 @@ def _artifact_root(tracking_uri: str) -> str | None:
 
 
 def ensure_experiment(tracking_uri: str, name: str = DEFAULT_EXPERIMENT) -> str:
-    """Create the store and the experiment if needed; return the experiment id."""
+    """Create the store and the experiment if needed; return the experiment id.
+
+    For a SQLite store this holds a file lock beside the database while MLflow creates
+    or migrates its schema: two commands starting at once on a fresh store both failed
+    there (``table _alembic_tmp_... already exists``)."""
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri)
-    experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        return experiment.experiment_id
-    return client.create_experiment(name, artifact_location=_artifact_root(tracking_uri))
+    with _store_lock(tracking_uri):
+        client = MlflowClient(tracking_uri)
+        experiment = client.get_experiment_by_name(name)
+        if experiment is not None:
+            return experiment.experiment_id
+        return client.create_experiment(name, artifact_location=_artifact_root(tracking_uri))
+
+
+@contextlib.contextmanager
+def _store_lock(tracking_uri: str) -> Iterator[None]:
+    if not tracking_uri.startswith("sqlite:///"):
+        yield  # a tracking server serialises its own schema
+        return
+    import fcntl
+
+    db = Path(tracking_uri[len("sqlite:///"):])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _metric(key: str, value: float, step: int, timestamp_ms: int):

@@ -1,0 +1,45 @@
+"""Several commands starting at once on one fresh MLflow SQLite store: all of them
+create (or find) the schema and the experiment, and every run they write is kept."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+WRITER = textwrap.dedent("""
+    import sys, time
+    from mlflow.tracking import MlflowClient
+    from pipetune.tracking import ensure_experiment
+    uri, me, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    while time.time() < start:  # all at once
+        time.sleep(0.005)
+    experiment = ensure_experiment(uri)
+    client = MlflowClient(uri)
+    run = client.create_run(experiment, tags={"writer": me})
+    client.log_metric(run.info.run_id, "m", float(me))
+    client.set_terminated(run.info.run_id)
+""")
+
+
+def test_four_writers_on_a_fresh_store_all_succeed(tmp_path):
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    start = time.time() + 8  # past every interpreter's imports
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, uri, str(i), str(start)],
+                              stderr=subprocess.PIPE, text=True) for i in range(4)]
+    errors = [p.communicate(timeout=180)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], errors
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("pipetune")
+    runs = client.search_runs([experiment.experiment_id])
+    assert sorted(r.data.tags["writer"] for r in runs) == ["0", "1", "2", "3"]
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert sorted(r.data.metrics["m"] for r in runs) == [0.0, 1.0, 2.0, 3.0]
