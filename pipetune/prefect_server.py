@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from pipetune.errors import PipetuneError
 
@@ -25,6 +26,11 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+#: Settings naming the server's database; when the user sets one, it is used as is.
+_DATABASE_SETTINGS = (
+    "PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL")
 
 
 def healthy(api_url: str, timeout: float = 2.0) -> bool:
@@ -58,6 +64,7 @@ class LocalPrefectServer:
         #: writes are transactions, so nothing is lost if it is cut short.
         self.stop_grace_s = 5.0
         self.process: subprocess.Popen | None = None
+        self._db_lock: Any = None
 
     def start(self) -> LocalPrefectServer:
         """Launch the server and wait until it is healthy."""
@@ -69,6 +76,8 @@ class LocalPrefectServer:
         env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
         env["PREFECT_SERVER_API_HOST"] = self.host
         env["PREFECT_SERVER_API_PORT"] = str(self.port)
+        if not any(k in env for k in _DATABASE_SETTINGS):
+            env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = self._claim_database(env)
         if self.log_path:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             out = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its life
@@ -81,6 +90,29 @@ class LocalPrefectServer:
             env=env, start_new_session=True,
         )
         return self
+
+    def _claim_database(self, env: dict[str, str]) -> str:
+        """A SQLite database no other embedded server of this home is using.
+
+        Two servers on one SQLite file race each other's migrations at boot and lock
+        each other's writes; so each server takes the first free slot, held by a file
+        lock for as long as this object lives: ``prefect.db`` (Prefect's own default,
+        kept warm for the next run), else ``prefect-1.db``, ``prefect-2.db``, ..."""
+        import fcntl
+
+        home = Path(env.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+        home.mkdir(parents=True, exist_ok=True)
+        for slot in range(64):
+            db = home / ("prefect.db" if slot == 0 else f"prefect-{slot}.db")
+            lock = open(db.with_name(db.name + ".pipetune-lock"), "a")  # noqa: SIM115
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                continue
+            self._db_lock = lock  # released when this server object goes (or the process)
+            return f"sqlite+aiosqlite:///{db}"
+        raise PipetuneError(f"64 local Prefect servers already use {home}")
 
     def wait_healthy(self) -> LocalPrefectServer:
         assert self.process is not None, "launch() first"
@@ -100,6 +132,14 @@ class LocalPrefectServer:
         )
 
     def stop(self) -> None:
+        try:
+            self._stop()
+        finally:
+            lock, self._db_lock = self._db_lock, None
+            if lock is not None:
+                lock.close()
+
+    def _stop(self) -> None:
         proc, self.process = self.process, None
         if proc is None or proc.poll() is not None:
             return

@@ -43,3 +43,35 @@ def test_four_writers_on_a_fresh_store_all_succeed(tmp_path):
     assert sorted(r.data.tags["writer"] for r in runs) == ["0", "1", "2", "3"]
     assert all(r.info.status == "FINISHED" for r in runs)
     assert sorted(r.data.metrics["m"] for r in runs) == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_two_tune_commands_at_once_in_one_folder_both_finish(tmp_path):
+    import os
+    from pathlib import Path
+
+    import yaml
+    from known import synthetic_job
+    from mlflow.tracking import MlflowClient
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(synthetic_job("together", trials=2)))
+    env = {**os.environ, "PIPETUNE_HOME": str(tmp_path / "home"),
+           "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PYTHONPATH": os.pathsep.join(
+               p for p in (str(root / "tests"), str(root), os.environ.get("PYTHONPATH", "")) if p)}
+    env.pop("PREFECT_API_URL", None)
+    procs = [subprocess.Popen([sys.executable, "-m", "pipetune", "tune", "job.yaml"],
+                              cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    errors = [p.communicate(timeout=600)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("pipetune")
+    runs = client.search_runs([experiment.experiment_id])
+    studies = [r for r in runs if r.data.tags.get("pipetune.kind") == "study"]
+    trials = [r for r in runs if r.data.tags.get("pipetune.kind") == "trial"]
+    assert len(studies) == 2 and len(trials) == 4
+    assert all(r.info.status == "FINISHED" for r in runs)
+    # each embedded Prefect server had a database of its own
+    assert {p.name for p in (tmp_path / "prefect").glob("prefect*.db")} == {
+        "prefect.db", "prefect-1.db"}
