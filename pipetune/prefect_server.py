@@ -83,10 +83,12 @@ class LocalPrefectServer:
             out = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its life
         else:
             out = subprocess.DEVNULL
+        # Under pipetune._watch, which holds our end of a pipe: the server goes with us
+        # even if this process is SIGKILLed.
         self.process = subprocess.Popen(
-            [prefect_executable(), "server", "start", "--host", self.host,
-             "--port", str(self.port)],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", "pipetune._watch", "--", prefect_executable(), "server",
+             "start", "--host", self.host, "--port", str(self.port)],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
             env=env, start_new_session=True,
         )
         return self

@@ -31,12 +31,15 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
 logger = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("!I")
+#: Seconds the recorder takes to finish what it was sent once its input closes.
+DRAIN_S = 10.0
 
 
 class SidecarError(RuntimeError):
@@ -430,8 +433,15 @@ def main(preload: list[str]) -> int:
             runners.pop(key).put(("stop", None))
     for each in runners.values():
         each.put(("stop", None))
+    # Our input closed: a normal stop, or the parent died. What was sent gets up to
+    # DRAIN_S to be written (a dead parent's servers may be gone too), then we go.
+    deadline = time.monotonic() + DRAIN_S
     for each in runners.values():
-        each.join()
+        each.join(max(0.0, deadline - time.monotonic()))
+    if any(each.alive() for each in runners.values()):
+        logger.warning("recorder: writes still pending after %s s; exiting", DRAIN_S)
+        sys.stderr.flush()
+        os._exit(1)
     return 0
 
 

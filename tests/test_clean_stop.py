@@ -91,3 +91,35 @@ def _running(proc: psutil.Process) -> bool:
         return proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_nothing_outlives_a_sigkilled_tune_by_20_s(tmp_path):
+    job = synthetic_job("killed", trials=8)
+    job["workload"]["params"]["base_seconds"] = 0.5
+    job["search"]["max_concurrent"] = 2
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    env = {**os.environ, "PIPETUNE_HOME": str(tmp_path / "home"),
+           "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PYTHONPATH": os.pathsep.join(
+               p for p in (str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.Popen([sys.executable, "-m", "pipetune", "tune", "job.yaml"],
+                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    db = tmp_path / "mlflow.db"
+    try:
+        deadline = time.monotonic() + 240
+        while _epochs_logged(db) < 2 and time.monotonic() < deadline:
+            assert proc.poll() is None
+            time.sleep(0.5)
+        started = psutil.Process(proc.pid).children(recursive=True)
+        names = {" ".join(p.cmdline()[1:4]) for p in started}
+        assert any("prefect" in n for n in names), names  # the server is among them
+        proc.kill()
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    _, alive = psutil.wait_procs(started, timeout=20)
+    running = [p for p in alive if _running(p)]
+    assert not running, [" ".join(p.cmdline()[:4]) for p in running]
