@@ -119,7 +119,6 @@ def study_flow(
         timings = orchestration_overhead(study)
         extra.update(overhead_summary(timings))
         tracker.finish(study, wall_s=wall_s, extra_metrics=extra)
-        record.close()
     except BaseException as stop:
         # Ctrl-C, pipetune's own SIGTERM/SIGHUP (Stopped), or Prefect's SIGTERM handler
         stopped = isinstance(stop, KeyboardInterrupt | TerminationSignal)
@@ -128,6 +127,10 @@ def study_flow(
         with contextlib.suppress(Exception):
             record.close(timeout=3 if stopped else 60)
         raise
+    try:  # the study is done and in MLflow; a lost Prefect record is not worth failing it
+        record.close()
+    except Exception as e:  # noqa: BLE001
+        logger.warning("some Prefect task-run records were not written: %s", e)
     summary = study.summary()
     return {
         "study_id": study_id,

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 from pipetune.sidecar import Channel, shared_host
 
@@ -80,22 +81,32 @@ class TaskRunRecord:
     """In the study process: what ran, sent to a :class:`TaskRunSink` (no waiting)."""
 
     def __init__(self, flow_run_id: str, api_url: str, channel: Channel | None = None):
-        self._channel = channel or shared_host().attach(
-            "tasks.records:TaskRunSink", "prefect", api_url=api_url, flow_run_id=flow_run_id)
+        # Without an API URL this process runs Prefect's in-process (ephemeral) server,
+        # which the recorder process cannot reach: then nothing is recorded.
+        self.enabled = channel is not None or bool(api_url and flow_run_id)
+        self._channel = channel
+        if self._channel is None and self.enabled:
+            self._channel = shared_host().attach(
+                "tasks.records:TaskRunSink", "prefect", api_url=api_url,
+                flow_run_id=flow_run_id)
         self._open: dict[str, None] = {}
         self._lock = threading.Lock()
+
+    def _send(self, *message: Any) -> None:
+        if self._channel is not None:
+            self._channel.send(*message)
 
     def started(self, task: str, name: str, trial_id: int) -> str:
         run_id = str(uuid.uuid4())
         with self._lock:
             self._open[run_id] = None
-        self._channel.send("start", run_id, task, name, trial_id, time.time())
+        self._send("start", run_id, task, name, trial_id, time.time())
         return run_id
 
     def finished(self, run_id: str, error: str | None = None) -> None:
         with self._lock:
             self._open.pop(run_id, None)
-        self._channel.send("finish", run_id, time.time(), error)
+        self._send("finish", run_id, time.time(), error)
 
     @contextlib.contextmanager
     def span(self, task: str, name: str, trial_id: int) -> Iterator[None]:
@@ -113,11 +124,12 @@ class TaskRunRecord:
         with self._lock:
             runs, self._open = list(self._open), {}
         for run_id in runs:
-            self._channel.send("finish", run_id, time.time(), None, True)
+            self._send("finish", run_id, time.time(), None, True)
 
     def close(self, timeout: float | None = 60.0) -> None:
         """Wait until Prefect has every record sent so far; raise what a call raised."""
-        self._channel.close(timeout)
+        if self._channel is not None:
+            self._channel.close(timeout)
 
 
 def api_url() -> str:
