@@ -123,9 +123,9 @@ def study_flow(
         # Ctrl-C, pipetune's own SIGTERM/SIGHUP (Stopped), or Prefect's SIGTERM handler
         stopped = isinstance(stop, KeyboardInterrupt | TerminationSignal)
         record.cancel_open()
-        tracker.fail(status="KILLED" if stopped else "FAILED", timeout=5 if stopped else 120)
+        tracker.fail(status="KILLED" if stopped else "FAILED", timeout=3 if stopped else 120)
         with contextlib.suppress(Exception):
-            record.close(timeout=3 if stopped else 60)
+            record.close(timeout=1 if stopped else 60)
         raise
     try:  # the study is done and in MLflow; a lost Prefect record is not worth failing it
         record.close()

@@ -153,7 +153,7 @@ def _run_tune(args: argparse.Namespace) -> int:
 
     def close_cluster() -> None:  # beside the server's stop, not after it
         if "flows.study" in sys.modules:
-            sys.modules["flows.study"].drain_prefect(timeout=3)
+            sys.modules["flows.study"].drain_prefect(timeout=1)
         if args.dask_address or closing:
             return
         from flows.cluster import close_shared_cluster

@@ -62,7 +62,7 @@ class LocalPrefectServer:
         self.startup_timeout = startup_timeout
         #: Seconds a stopping server gets to exit on SIGTERM before SIGKILL: its SQLite
         #: writes are transactions, so nothing is lost if it is cut short.
-        self.stop_grace_s = 5.0
+        self.stop_grace_s = 2.0
         self.process: subprocess.Popen | None = None
         self._db_lock: Any = None
 
