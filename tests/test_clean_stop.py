@@ -34,9 +34,10 @@ def _epochs_logged(db: Path) -> int:
         return 0
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_a_signal_stops_tune_cleanly(signum, tmp_path):
-    job = synthetic_job("stopped", trials=8)
+def _start_tune(tmp_path: Path, name: str, **popen: object) -> subprocess.Popen:
+    """A real ``pipetune tune`` of a study long enough to be stopped part-way, in its
+    own homes; the embedded server, cluster and recorder are its children."""
+    job = synthetic_job(name, trials=8)
     job["workload"]["params"]["base_seconds"] = 0.5
     job["search"]["max_concurrent"] = 2
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
@@ -45,9 +46,14 @@ def test_a_signal_stops_tune_cleanly(signum, tmp_path):
            "PYTHONPATH": os.pathsep.join(
                p for p in (str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
     env.pop("PREFECT_API_URL", None)
-    proc = subprocess.Popen([sys.executable, "-m", "pipetune", "tune", "job.yaml"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-m", "pipetune", "tune", "job.yaml"],
+                            cwd=tmp_path, env=env, **popen)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_stops_tune_cleanly(signum, tmp_path):
+    proc = _start_tune(tmp_path, "stopped", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True)
     db = tmp_path / "mlflow.db"
     try:
         deadline = time.monotonic() + 240
@@ -94,18 +100,8 @@ def _running(proc: psutil.Process) -> bool:
 
 
 def test_nothing_outlives_a_sigkilled_tune_by_20_s(tmp_path):
-    job = synthetic_job("killed", trials=8)
-    job["workload"]["params"]["base_seconds"] = 0.5
-    job["search"]["max_concurrent"] = 2
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    env = {**os.environ, "PIPETUNE_HOME": str(tmp_path / "home"),
-           "PREFECT_HOME": str(tmp_path / "prefect"),
-           "PYTHONPATH": os.pathsep.join(
-               p for p in (str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-    env.pop("PREFECT_API_URL", None)
-    proc = subprocess.Popen([sys.executable, "-m", "pipetune", "tune", "job.yaml"],
-                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = _start_tune(tmp_path, "killed", stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
     db = tmp_path / "mlflow.db"
     try:
         deadline = time.monotonic() + 240
