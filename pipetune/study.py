@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from pipetune.backends import EpochBackend
     from pipetune.checkpoints import CheckpointStore
     from pipetune.groundtruth import GroundTruth
+    from pipetune.journal import Event, StudyJournal
     from pipetune.spec import JobSpec
 
 
@@ -155,6 +156,7 @@ class Study:
         ground_truth: GroundTruth | None = None,
         core_budget: int | None = None,
         machine: MachineInfo | None = None,
+        journal: StudyJournal | None = None,
     ):
         self.spec = spec
         self.study_id = study_id
@@ -190,6 +192,11 @@ class Study:
         #: orchestration-overhead figures (what happens around an epoch's own work).
         #: Ready -> handed out is the wait for free cores, not overhead.
         self.epoch_times: dict[tuple[int, int], list[float]] = {}
+        #: Where every event is appended as it happens (None: the study cannot resume).
+        self.journal = journal
+        self._replaying = False
+        #: Epochs that had finished before this study was resumed (not run again).
+        self.resumed_epochs = 0
 
     def _probe_core_limit(self, spec: JobSpec) -> int | None:
         """When trials run side by side and their defaults already fill the cores, and
@@ -228,6 +235,7 @@ class Study:
         )
         _, trial.fixed_system = split_system_params(trial.params, self.spec.system.default)
         self.trials[trial.trial_id] = trial
+        self._log("start", trial.trial_id, trial.params)
         decision = self.decide(trial.trial_id)
         trial.decisions.append(decision)
         return self._mark_ready(self._epoch_task(trial, decision))
@@ -315,6 +323,7 @@ class Study:
     # -- what came back -------------------------------------------------------------
     def on_epoch_done(self, result: EpochResult) -> Decision:
         """Record a finished epoch; return whether the trial goes on (the scheduler's call)."""
+        self._log("result", result.trial_id, result)
         self._in_flight.pop((result.trial_id, result.epoch), None)
         if (result.trial_id, result.epoch) in self.epoch_times:
             self.epoch_times[(result.trial_id, result.epoch)][2] = time.time()
@@ -353,6 +362,7 @@ class Study:
 
     def on_epoch_failed(self, trial_id: int, epoch: int, error: str) -> None:
         """An epoch raised: the trial fails, the study goes on."""
+        self._log("failed", trial_id, (epoch, error))
         self._in_flight.pop((trial_id, epoch), None)
         self._end(self.trials[trial_id], TrialState.FAILED, error=error)
 
@@ -375,6 +385,7 @@ class Study:
         )
 
     def set_match(self, trial_id: int, match: GroundTruthMatch) -> None:
+        self._log("match", trial_id, match)
         self.trials[trial_id].match = match
 
     def decide(self, trial_id: int) -> TuningDecision:
@@ -389,6 +400,7 @@ class Study:
 
     def apply_decision(self, trial_id: int, decision: TuningDecision) -> EpochTask:
         """Queue the trial's next epoch under ``decision``; record the best config if told."""
+        self._log("decision", trial_id, decision)
         trial = self.trials[trial_id]
         trial.decisions.append(decision)
         if decision.record is not None and decision.record_cost is not None:
@@ -396,6 +408,80 @@ class Study:
         task = self._mark_ready(self._epoch_task(trial, decision))
         self._queue.append(task)
         return task
+
+    # -- the journal ------------------------------------------------------------------
+    def _log(self, kind: str, trial_id: int, data: Any) -> None:
+        if self.journal is not None and not self._replaying:
+            self.journal.append(kind, trial_id, data)
+
+    def replay(self, events: list[Event], *, checkpoint_exists: Callable[[str], bool]) -> int:
+        """Bring a fresh engine to where the journal's study stopped; return the number
+        of finished epochs taken over (they are not run again).
+
+        The events are fed to the same methods, in the same order, so the searcher is
+        asked and told, the scheduler sees each result, and each trial gets its match
+        and decisions exactly as before. What was running when the study stopped is
+        queued again: a trial's interrupted epoch restarts from its last checkpoint.
+        A running trial whose newest checkpoints never reached storage (their write
+        was still in the background) gives those epochs back: they run again.
+        """
+        from pipetune.journal import JournalError
+
+        if self.trials:
+            raise JournalError("replay needs a fresh study")
+        keep = self._replayable(events, checkpoint_exists)
+        self._replaying = True
+        try:
+            for event in events:
+                if not keep(event):
+                    continue
+                if event.kind == "start":
+                    task = self._start_trial()
+                    trial = self.trials.get(event.trial)
+                    if task is None or trial is None or trial.params != event.data:
+                        raise JournalError(
+                            f"study {self.study_id}: the searcher no longer proposes trial "
+                            f"{event.trial} with {event.data} (was the job changed?)")
+                    self._queue.append(task)
+                elif event.kind == "result":
+                    self._unqueue(event.trial, event.data.epoch)
+                    self.on_epoch_done(event.data)
+                    self.resumed_epochs += 1
+                elif event.kind == "failed":
+                    self._unqueue(event.trial, event.data[0])
+                    self.on_epoch_failed(event.trial, *event.data)
+                elif event.kind == "match":
+                    self.set_match(event.trial, event.data)
+                elif event.kind == "decision":
+                    self.apply_decision(event.trial, event.data)
+        finally:
+            self._replaying = False
+        return self.resumed_epochs
+
+    def _unqueue(self, trial_id: int, epoch: int) -> None:
+        self._queue = deque(t for t in self._queue
+                            if (t.trial_id, t.epoch) != (trial_id, epoch))
+
+    @staticmethod
+    def _replayable(events: list[Event], checkpoint_exists: Callable[[str], bool]):
+        """Which events to replay: all but, for each trial the journal leaves running,
+        its results past the last one whose checkpoint is on storage (and the match and
+        decisions that followed them)."""
+        ended = {e.trial for e in events if e.kind == "failed"}
+        results: dict[int, list[Event]] = {}
+        for e in events:
+            if e.kind == "result":
+                results.setdefault(e.trial, []).append(e)
+        cut: dict[int, int] = {}  # trial -> seq of the first event dropped
+        for trial, rs in results.items():
+            if trial in ended:
+                continue
+            good = len(rs)
+            while good and not checkpoint_exists(rs[good - 1].data.checkpoint):
+                good -= 1
+            if good < len(rs):
+                cut[trial] = rs[good].seq
+        return lambda e: e.trial not in cut or e.seq < cut[e.trial] or e.kind == "start"
 
     # -- the loop ---------------------------------------------------------------------
     def step(
@@ -462,6 +548,9 @@ class Study:
     # -- ending ---------------------------------------------------------------------
     def _record(self, trial: Trial, config: SystemConfig, cost: float) -> None:
         if self.ground_truth is None or trial.recorded is not None or not trial.results:
+            return
+        if self._replaying:  # recorded before the study stopped
+            trial.recorded = config
             return
         first = trial.results[0]
         self.ground_truth.record(

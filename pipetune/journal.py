@@ -1,0 +1,166 @@
+"""A study's journal: every engine event, appended as it happens, so a study resumes.
+
+The engine (:class:`pipetune.study.Study`) is deterministic given its spec, its seeds
+and the order of what it was told: which trial the searcher proposed, each finished
+or failed epoch, each ground-truth match and tuning decision. The journal appends
+those events, one line each, flushed before the engine acts on the next one; a
+resumed study replays them into a fresh engine (:meth:`Study.replay`) and goes on
+from there. Nothing is re-run that finished, and the searcher, the scheduler's rungs
+and each trial's phases come back exactly as they were.
+
+Layout, under ``$PIPETUNE_HOME/studies/<study_id>/``:
+
+- ``study.json``: the header: job (as a dict), status (``running``, ``finished``,
+  ``failed``, ``stopped``), MLflow parent run id, Prefect flow run id, stores used;
+- ``events.jsonl``: one JSON object per line, ``{"seq", "kind", "trial", "data"}``,
+  ``data`` the event's pickled payload (base64). A line cut short by a crash is the
+  last one and is ignored.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pickle
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipetune.errors import PipetuneError
+
+#: Study states in the header; the first is the only one ``--resume`` picks by default.
+UNFINISHED = ("running", "stopped", "failed")
+KINDS = ("start", "result", "failed", "match", "decision")
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    kind: str
+    trial: int
+    data: Any
+
+
+class JournalError(PipetuneError):
+    """A journal that cannot be read or does not replay."""
+
+
+def studies_root(home: Path | None = None) -> Path:
+    from pipetune.home import pipetune_home
+
+    return (home or pipetune_home()) / "studies"
+
+
+class StudyJournal:
+    """The journal of study ``study_id`` under ``root`` (see the module docstring)."""
+
+    def __init__(self, root: str | Path, study_id: str):
+        self.root = Path(root)
+        self.study_id = study_id
+        self.folder = self.root / study_id
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._fh = None
+
+    # -- header ---------------------------------------------------------------------
+    @property
+    def header_path(self) -> Path:
+        return self.folder / "study.json"
+
+    @property
+    def events_path(self) -> Path:
+        return self.folder / "events.jsonl"
+
+    def create(self, **header: Any) -> StudyJournal:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._write_header({"study_id": self.study_id, "status": "running",
+                            "created": time.time(), **header})
+        return self
+
+    def header(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.header_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise JournalError(f"study {self.study_id}: cannot read {self.header_path}: {exc}") \
+                from None
+
+    def update(self, **changes: Any) -> None:
+        with self._lock:
+            self._write_header({**self.header(), **changes, "updated": time.time()})
+
+    def _write_header(self, header: dict[str, Any]) -> None:
+        tmp = self.header_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(header, indent=2, sort_keys=True, default=str))
+        os.replace(tmp, self.header_path)
+
+    # -- events ---------------------------------------------------------------------
+    def append(self, kind: str, trial: int, data: Any) -> None:
+        """Append one event; it is on disk (in the OS's hands) when this returns."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown journal event {kind!r}")
+        payload = base64.b64encode(pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL))
+        with self._lock:
+            if self._fh is None:
+                self._seq = sum(1 for _ in self._lines())
+                self._fh = open(self.events_path, "a", encoding="utf-8")  # noqa: SIM115
+            self._seq += 1
+            line = json.dumps({"seq": self._seq, "kind": kind, "trial": trial,
+                               "data": payload.decode("ascii")})
+            self._fh.write(line + "\n")
+            self._fh.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fh is not None:
+                self._fh.close()
+                self._fh = None
+
+    def _lines(self) -> Iterator[str]:
+        if not self.events_path.exists():
+            return
+        with open(self.events_path, encoding="utf-8") as fh:
+            yield from fh
+
+    def events(self) -> list[Event]:
+        """Every complete event, in order (a torn last line, from a crash, is dropped)."""
+        lines = list(self._lines())
+        out: list[Event] = []
+        for i, line in enumerate(lines):
+            try:
+                raw = json.loads(line)
+                data = pickle.loads(base64.b64decode(raw["data"]))  # noqa: S301 - our own file
+                out.append(Event(int(raw["seq"]), str(raw["kind"]), int(raw["trial"]), data))
+            except Exception as exc:  # noqa: BLE001
+                if i == len(lines) - 1:  # cut short by a crash while writing it
+                    break
+                raise JournalError(
+                    f"study {self.study_id}: {self.events_path} line {i + 1} is corrupt "
+                    f"({type(exc).__name__}); the study cannot be resumed") from None
+        return out
+
+
+def find_study(root: str | Path, wanted: str | None, job_name: str | None = None) -> StudyJournal:
+    """The journal to resume: study id or Prefect flow run id ``wanted``; with ``None``
+    the newest unfinished study of job ``job_name``."""
+    root = Path(root)
+    headers: list[dict[str, Any]] = []
+    for path in sorted(root.glob("*/study.json")) if root.exists() else []:
+        try:
+            headers.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    if wanted:
+        for h in headers:
+            if wanted in (h.get("study_id"), h.get("flow_run_id")):
+                return StudyJournal(root, h["study_id"])
+        raise JournalError(f"--resume: no study or flow run {wanted!r} under {root}")
+    candidates = [h for h in headers if h.get("status") in UNFINISHED
+                  and (job_name is None or h.get("job_name") == job_name)]
+    if not candidates:
+        raise JournalError(f"--resume: no unfinished study of job {job_name!r} under {root}")
+    newest = max(candidates, key=lambda h: h.get("created", 0))
+    return StudyJournal(root, newest["study_id"])
