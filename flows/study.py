@@ -32,6 +32,7 @@ from pipetune.backends import DaskBackend
 from pipetune.checkpoints import CheckpointStore
 from pipetune.groundtruth import GroundTruth
 from pipetune.home import pipetune_home
+from pipetune.journal import StudyJournal, find_study, studies_root
 from pipetune.progress import notify
 from pipetune.spec import JobSpec, load_spec
 from pipetune.study import StepEvent, Study, orchestration_overhead, overhead_summary
@@ -55,8 +56,14 @@ def study_flow(
     groundtruth_path: str | None = None,
     core_budget: CoreBudget = None,
     dask_address: str | None = None,
+    resume: str | None = None,
 ) -> dict[str, Any]:
     """Tune ``job`` (a job-spec dict or a path to a job YAML) and record it in MLflow.
+
+    ``resume``: a study id or the flow run id of a stopped or crashed study, or
+    ``"latest"`` (the newest unfinished study of this job): that study goes on from
+    its journal, with its own job, stores and MLflow runs; finished epochs are not
+    run again.
 
     Epochs run on the Dask cluster at ``dask_address``, else on this process's
     embedded ``LocalCluster`` (started once, reused by later studies). Returns a
@@ -65,9 +72,23 @@ def study_flow(
     """
     logger = get_run_logger()
     spec = resolve_job(job, trials, pipetune)
-    tracking_uri = tracking_uri or default_tracking_uri()
-    study_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    checkpoints = CheckpointStore(checkpoint_root or str(pipetune_home() / "checkpoints"))
+    resumed: dict[str, Any] = {}
+    if resume:
+        journal = find_study(studies_root(), None if resume == "latest" else resume, spec.name)
+        resumed = journal.header()
+        spec = JobSpec.from_dict(resumed["job"])  # the job as it started, seeds included
+        study_id = journal.study_id
+        tracking_uri = resumed["tracking_uri"]
+        checkpoint_root = resumed["checkpoint_root"]
+        groundtruth_path = resumed["groundtruth_path"]
+    else:
+        tracking_uri = tracking_uri or default_tracking_uri()
+        study_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        checkpoint_root = checkpoint_root or str(pipetune_home() / "checkpoints")
+        journal = StudyJournal(studies_root(), study_id).create(
+            job=spec.to_dict(), job_name=spec.name, tracking_uri=tracking_uri,
+            checkpoint_root=checkpoint_root, groundtruth_path=groundtruth_path)
+    checkpoints = CheckpointStore(checkpoint_root)
     ground_truth = GroundTruth(
         groundtruth_path,
         max_clusters=spec.pipetune.similarity.max_clusters,
@@ -84,13 +105,21 @@ def study_flow(
     study = Study(
         spec, study_id=study_id, checkpoints=checkpoints,
         ground_truth=ground_truth if spec.pipetune.enabled else None,
-        core_budget=core_budget,
+        core_budget=core_budget, journal=journal,
     )
+    if resume:
+        study.replay(journal.events(), checkpoint_exists=CheckpointStore.exists)
+        logger.info("study %s resumed: %d finished epochs taken over", study_id,
+                    study.resumed_epochs)
     tags = {"prefect.flow_run_id": str(flow_run.id or ""), "pipetune.study_id": study_id}
     if deployment.id:
         tags["prefect.deployment_id"] = str(deployment.id)
         tags["prefect.deployment_name"] = str(deployment.name or "")
-    tracker = StudyTracker(tracking_uri, spec, tags=tags)
+    tracker = StudyTracker(tracking_uri, spec, tags=tags,
+                           resume_run_id=resumed.get("parent_run_id"))
+    tracker.reopen_trials([t.trial_id for t in study.trials.values() if t.state == "running"])
+    journal.update(status="running", parent_run_id=tracker.parent_run_id,
+                   flow_run_id=str(flow_run.id or ""))
     _link_mlflow_run(tracker, tracking_uri)
     logger.info("study %s: MLflow parent run %s", study_id, tracker.parent_run_id)
 
@@ -122,11 +151,16 @@ def study_flow(
     except BaseException as stop:
         # Ctrl-C, pipetune's own SIGTERM/SIGHUP (Stopped), or Prefect's SIGTERM handler
         stopped = isinstance(stop, KeyboardInterrupt | TerminationSignal)
+        with contextlib.suppress(Exception):  # resumable with --resume either way
+            journal.update(status="stopped" if stopped else "failed")
+            journal.close()
         record.cancel_open()
         tracker.fail(status="KILLED" if stopped else "FAILED", timeout=3 if stopped else 120)
         with contextlib.suppress(Exception):
             record.close(timeout=1 if stopped else 60)
         raise
+    journal.update(status="finished")
+    journal.close()
     try:  # the study is done and in MLflow; a lost Prefect record is not worth failing it
         record.close()
     except Exception as e:  # noqa: BLE001
@@ -139,6 +173,7 @@ def study_flow(
         "tracking_uri": tracking_uri,
         "experiment_id": tracker.experiment_id,
         "tuning_wall_s": wall_s,
+        "resumed_epochs": study.resumed_epochs,
         "started_at": started,
         "first_epoch_at": min((t[1] for t in study.epoch_times.values()), default=started),
         **summary.to_metrics(),

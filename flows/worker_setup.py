@@ -33,5 +33,20 @@ def warm_up() -> None:
     recorder.finish()
 
 
+class _NoHeartbeatTraceback:
+    """A worker whose scheduler has just stopped (the study's driver is exiting) logs a
+    failed heartbeat with the whole comm traceback; one line says it."""
+
+    def filter(self, record) -> bool:
+        if record.exc_info and "heartbeat" in str(record.msg):
+            record.msg = f"{record.msg} ({record.exc_info[1]!r})"
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
 def dask_setup(worker) -> None:  # the Dask preload hook
+    import logging
+
+    logging.getLogger("distributed.worker").addFilter(_NoHeartbeatTraceback())
     warm_up()

@@ -131,6 +131,11 @@ def _run_tune(args: argparse.Namespace) -> int:
         spec = load_spec(args.job).with_overrides(
             trials=args.trials, pipetune_enabled=False if args.no_pipetune else None
         )
+        if args.resume:  # before anything starts: a study to resume must exist
+            from pipetune.journal import find_study, studies_root
+
+            find_study(studies_root(), None if args.resume == "latest" else args.resume,
+                       spec.name)
         startup_marks.mark("job checked")
         job["spec"] = spec
         job["tracking_uri"] = args.tracking_uri or default_tracking_uri()
@@ -187,6 +192,7 @@ def _run_tune(args: argparse.Namespace) -> int:
                         checkpoint_root=args.checkpoints,
                         core_budget=job["core_budget"],
                         dask_address=args.dask_address,
+                        resume=args.resume,
                     )
             finally:
                 remove_listener(display.update)
@@ -297,6 +303,9 @@ def _print_summary(summary: dict, metric: str, api_url: str, server) -> None:
           f"ground-truth hits {int(summary['groundtruth_hits'])}/"
           f"{int(summary['groundtruth_lookups'])} | energy {summary['energy_j']:.1f} J "
           f"({summary['energy_source']})")
+    if summary.get("resumed_epochs"):
+        print(f"resumed study {summary['study_id']}: {int(summary['resumed_epochs'])} finished "
+              "epochs taken over, not run again")
     print(f"MLflow: run {summary['parent_run_id']} in {summary['tracking_uri']}")
     print("  browse it with: pipetune ui" + ("" if summary["tracking_uri"].startswith("sqlite")
                                                else f" --tracking-uri {summary['tracking_uri']}"))
@@ -319,6 +328,9 @@ def _add_tune(subparsers: argparse._SubParsersAction) -> None:
                    help="checkpoint folder or fsspec URL (default: $PIPETUNE_HOME/checkpoints)")
     p.add_argument("--no-pipetune", action="store_true",
                    help="hyperparameters only: every epoch under the default system config")
+    p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="STUDY_ID",
+                   help="finish a stopped or crashed study of this job: the newest unfinished "
+                   "one, or the one with this study id or Prefect flow run id")
     p.set_defaults(run=run_tune)
 
 

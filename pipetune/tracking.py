@@ -139,7 +139,8 @@ class MlflowSink:
     """
 
     def __init__(self, *, experiment_id: str, parent_run_id: str, tags: dict[str, str],
-                 tracking_uri: str | None = None, client: MlflowClient | None = None):
+                 tracking_uri: str | None = None, client: MlflowClient | None = None,
+                 children: dict[int, str] | None = None):
         if client is None:
             from mlflow.tracking import MlflowClient
 
@@ -148,7 +149,7 @@ class MlflowSink:
         self.experiment_id = experiment_id
         self.parent_run_id = parent_run_id
         self.tags = tags
-        self._children: dict[int, str] = {}
+        self._children: dict[int, str] = dict(children or {})
         self._pending: dict[Hashable, _Buffer] = {}
 
     def _run_id(self, run: Hashable) -> str:
@@ -246,6 +247,7 @@ class StudyTracker:
         tags: dict[str, str] | None = None,
         run_name: str | None = None,
         client: MlflowClient | None = None,
+        resume_run_id: str | None = None,
     ):
         from mlflow.tracking import MlflowClient
 
@@ -257,16 +259,45 @@ class StudyTracker:
         self.spec = spec
         self.tags = dict(tags or {})
         self.started = time.time()
+        #: trial id -> child run id, as last heard from the sink.
+        self._children: dict[int, str] = {}
+        #: trial ids whose child run was sent for creation.
+        self._requested: set[int] = set()
+        if resume_run_id is not None:
+            self._resume(resume_run_id)
+        else:
+            self._create(spec, run_name)
+        where = {"experiment_id": self.experiment_id, "parent_run_id": self.parent_run_id,
+                 "tags": self.tags, "children": dict(self._children)}
+        self._thread_host: ThreadHost | None = None
+        if client is not None:
+            self._thread_host = ThreadHost("pipetune-mlflow-writer")
+            self._sink = self._thread_host.attach(MlflowSink(client=client, **where), "mlflow")
+        else:
+            self._sink = shared_host().attach(
+                "pipetune.tracking:MlflowSink", "mlflow", tracking_uri=tracking_uri, **where)
+
+    def _resume(self, run_id: str) -> None:
+        """Continue the parent run ``run_id`` and its trial runs (a resumed study)."""
+        self.parent_run_id = run_id
+        self.experiment_id = self.client.get_run(run_id).info.experiment_id
+        self.client.update_run(run_id, status="RUNNING")
+        self._children = self._children_from_store()
+        self._requested = set(self._children)
+
+    def reopen_trials(self, trial_ids: list[int]) -> None:
+        """Trial runs ended KILLED by the stop are running again (their trials go on)."""
+        for trial_id in trial_ids:
+            if trial_id in self._children:
+                self.client.update_run(self._children[trial_id], status="RUNNING")
+
+    def _create(self, spec: JobSpec, run_name: str | None) -> None:
         parent = self.client.create_run(
             self.experiment_id,
             run_name=run_name or spec.name,
             tags={**self.tags, "pipetune.kind": "study", "pipetune.job": spec.name},
         )
         self.parent_run_id: str = parent.info.run_id
-        #: trial id -> child run id, as last heard from the sink.
-        self._children: dict[int, str] = {}
-        #: trial ids whose child run was sent for creation.
-        self._requested: set[int] = set()
         spec_dict = spec.to_dict()
         from mlflow.entities import Param
 
@@ -290,15 +321,6 @@ class StudyTracker:
             {"hyperparameters": spec_dict["hyperparameters"], "system": spec_dict["system"]},
             "spaces.json",
         )
-        where = {"experiment_id": self.experiment_id, "parent_run_id": self.parent_run_id,
-                 "tags": self.tags}
-        self._thread_host: ThreadHost | None = None
-        if client is not None:
-            self._thread_host = ThreadHost("pipetune-mlflow-writer")
-            self._sink = self._thread_host.attach(MlflowSink(client=client, **where), "mlflow")
-        else:
-            self._sink = shared_host().attach(
-                "pipetune.tracking:MlflowSink", "mlflow", tracking_uri=tracking_uri, **where)
 
     # -- the sink -----------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> None:

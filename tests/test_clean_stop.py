@@ -5,6 +5,7 @@ KILLED, with every epoch logged before the signal."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,7 +35,7 @@ def _epochs_logged(db: Path) -> int:
         return 0
 
 
-def _start_tune(tmp_path: Path, name: str, **popen: object) -> subprocess.Popen:
+def _start_tune(tmp_path: Path, name: str, *extra: str, **popen: object) -> subprocess.Popen:
     """A real ``pipetune tune`` of a study long enough to be stopped part-way, in its
     own homes; the embedded server, cluster and recorder are its children."""
     job = synthetic_job(name, trials=8)
@@ -46,8 +47,34 @@ def _start_tune(tmp_path: Path, name: str, **popen: object) -> subprocess.Popen:
            "PYTHONPATH": os.pathsep.join(
                p for p in (str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
     env.pop("PREFECT_API_URL", None)
-    return subprocess.Popen([sys.executable, "-m", "pipetune", "tune", "job.yaml"],
+    return subprocess.Popen([sys.executable, "-m", "pipetune", "tune", "job.yaml", *extra],
                             cwd=tmp_path, env=env, **popen)
+
+
+def _resume_finishes_the_study(tmp_path: Path, name: str) -> None:
+    """``tune --resume`` finishes the stopped study in the same MLflow runs: every
+    epoch of the study logged exactly once, so none that finished ran again."""
+    db = tmp_path / "mlflow.db"
+    before = _epochs_logged(db)
+    proc = _start_tune(tmp_path, name, "--resume", stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=400)
+    assert proc.returncode == 0, err[-3000:]
+    resumed = int(re.search(r"(\d+) finished epochs taken over", out).group(1))
+    assert resumed >= 2 and resumed <= before
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{db}")
+    runs = client.search_runs([client.get_experiment_by_name("pipetune").experiment_id])
+    parents = [r for r in runs if r.data.tags.get("pipetune.kind") == "study"]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"  # the same run, continued
+    trials = [r for r in runs if r.data.tags.get("pipetune.kind") == "trial"]
+    assert len(trials) == 8 and {r.info.status for r in trials} == {"FINISHED"}
+    for run in trials:
+        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "train_loss"))
+        assert steps == [1, 2, 3], (run.data.tags["pipetune.trial_id"], steps)
+    assert parents[0].data.metrics["epochs_run"] == 24
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
@@ -89,6 +116,8 @@ def test_a_signal_stops_tune_cleanly(signum, tmp_path):
     assert trials and all(r.info.status in ("KILLED", "FINISHED") for r in trials)
     logged = sum(len(client.get_metric_history(r.info.run_id, "train_loss")) for r in trials)
     assert logged >= 2
+    if signum == signal.SIGTERM:
+        _resume_finishes_the_study(tmp_path, "stopped")
 
 
 def _running(proc: psutil.Process) -> bool:
@@ -119,3 +148,4 @@ def test_nothing_outlives_a_sigkilled_tune_by_20_s(tmp_path):
     _, alive = psutil.wait_procs(started, timeout=20)
     running = [p for p in alive if _running(p)]
     assert not running, [" ".join(p.cmdline()[:4]) for p in running]
+    _resume_finishes_the_study(tmp_path, "killed")
