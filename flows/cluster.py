@@ -24,6 +24,10 @@ WORKER_ENV = ("PREFECT_API_URL", "PREFECT_HOME", "PIPETUNE_HOME", "MLFLOW_DISABL
               "PREFECT_LOGGING_LEVEL", "PYTHONPATH")
 
 
+#: How many times an epoch is run again after its worker died (Dask's allowed-failures).
+EPOCH_RETRIES = 1
+
+
 def embedded_cluster_kwargs(workers: int | None = None) -> dict:
     """A LocalCluster sized to this machine: process workers, one thread each.
 
@@ -43,6 +47,11 @@ def embedded_cluster_kwargs(workers: int | None = None) -> dict:
         # freed memory back to the OS at every turn and torch re-faults it: a LeNet-5
         # epoch took 1.2 s with it and 0.6 s without (benchmarks/RESULTS.md).
         "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
+        # An epoch whose worker dies runs once more, on another worker, from the
+        # trial's last checkpoint; if that worker dies too the trial fails with the
+        # reason (an epoch that kills every worker it lands on, e.g. out of memory,
+        # must not take the cluster down worker by worker).
+        "distributed.scheduler.allowed-failures": EPOCH_RETRIES,
     })
     env["DASK_DISTRIBUTED__WORKER__DAEMON"] = "False"
     policy = os.environ.get("OMP_WAIT_POLICY", WORKER_PROCESS_ENV["OMP_WAIT_POLICY"]).lower()
@@ -53,6 +62,9 @@ def embedded_cluster_kwargs(workers: int | None = None) -> dict:
         "resources": {"cores": cores, process_resource("omp_wait_policy", policy): 1},
         "host": "127.0.0.1",
         "dashboard_address": "127.0.0.1:0",
+        # Each worker's share of the machine's memory: past 95% its nanny restarts it,
+        # and the epoch it ran counts as a worker death (retried once, then failed).
+        "memory_limit": "auto",
         "env": env,
         "preload": ["flows.worker_setup"],
     }

@@ -176,7 +176,7 @@ class DaskBackend(EpochBackend):
         except BaseException as exc:  # noqa: BLE001 - KilledWorker, CancelledError, ...
             if isinstance(exc, KeyboardInterrupt | SystemExit):
                 raise
-            outcome = EpochOutcome(task, error=describe(exc))
+            outcome = EpochOutcome(task, error=self._why(exc))
         with self._lock:
             worker = self._chosen.pop(future.key, None)
             self._running.pop(future.key, None)
@@ -186,6 +186,20 @@ class DaskBackend(EpochBackend):
             if outcome.result is not None and outcome.result.address:
                 self._home[(task.study_id, task.trial_id)] = outcome.result.address
         return outcome
+
+    def _why(self, exc: BaseException) -> str:
+        """The reason a failed epoch gives its trial: a worker that died (killed, or
+        restarted by its nanny over its memory limit) is named as such."""
+        from distributed.scheduler import KilledWorker
+
+        if not isinstance(exc, KilledWorker):
+            return describe(exc)
+        limits = {w.get("memory_limit") for w in
+                  self.client.scheduler_info(n_workers=-1).get("workers", {}).values()}
+        limit = (f"; each worker's memory limit is {max(limits) / 2**30:.1f} GiB, a worker "
+                 "past 95% of it is restarted" if limits and all(limits) else "")
+        return f"worker died: every worker that ran this epoch died while running it{limit} " \
+               f"({describe(exc)})"
 
     def run(self, task: EpochTask) -> EpochResult:
         """Run one epoch and wait for it; raise :class:`EpochFailed` if it failed."""

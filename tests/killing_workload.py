@@ -1,0 +1,28 @@
+"""A workload for the fault-injection tests, imported by path on Dask workers.
+
+The real synthetic workload, except that a trial whose ``hidden`` size is 8 SIGKILLs
+its own worker process in epoch 2, every attempt (as an epoch that runs out of memory
+does), and one whose ``hidden`` size is 16 does so once only, in its first attempt of
+epoch 2 (a worker lost to the machine, not to the epoch): the marker file under
+``PIPETUNE_KILL_MARKS`` remembers the attempt.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from pipetune.system.config import SystemConfig
+from pipetune.workloads.synthetic import SyntheticWorkload
+
+
+class KillingWorkload(SyntheticWorkload):
+    def _before_epoch(self, system: SystemConfig, steps: int) -> None:
+        if self._epoch + 1 == 2:
+            hidden = self.hparams["hidden"]
+            mark = Path(os.environ["PIPETUNE_KILL_MARKS"]) / f"hidden-{hidden}"
+            if hidden == 8 or (hidden == 16 and not mark.exists()):
+                mark.touch()
+                os.kill(os.getpid(), signal.SIGKILL)
+        super()._before_epoch(system, steps)
