@@ -74,7 +74,7 @@ def study_flow(
     spec = resolve_job(job, trials, pipetune)
     resumed: dict[str, Any] = {}
     if resume:
-        journal = find_study(studies_root(), None if resume == "latest" else resume, spec.name)
+        journal = find_study(studies_root(), resume, spec.name)
         resumed = journal.header()
         spec = JobSpec.from_dict(resumed["job"])  # the job as it started, seeds included
         study_id = journal.study_id

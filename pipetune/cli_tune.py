@@ -134,8 +134,7 @@ def _run_tune(args: argparse.Namespace) -> int:
         if args.resume:  # before anything starts: a study to resume must exist
             from pipetune.journal import find_study, studies_root
 
-            find_study(studies_root(), None if args.resume == "latest" else args.resume,
-                       spec.name)
+            find_study(studies_root(), args.resume, spec.name)
         startup_marks.mark("job checked")
         job["spec"] = spec
         job["tracking_uri"] = args.tracking_uri or default_tracking_uri()

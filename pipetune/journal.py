@@ -32,7 +32,7 @@ from typing import Any
 
 from pipetune.errors import PipetuneError
 
-#: Study states in the header; the first is the only one ``--resume`` picks by default.
+#: Header states ``--resume`` without a study id picks from (``finished`` is the other).
 UNFINISHED = ("running", "stopped", "failed")
 KINDS = ("start", "result", "failed", "match", "decision")
 
@@ -105,13 +105,24 @@ class StudyJournal:
         payload = base64.b64encode(pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL))
         with self._lock:
             if self._fh is None:
-                self._seq = sum(1 for _ in self._lines())
-                self._fh = open(self.events_path, "a", encoding="utf-8")  # noqa: SIM115
+                self._open_for_append()
             self._seq += 1
             line = json.dumps({"seq": self._seq, "kind": kind, "trial": trial,
                                "data": payload.decode("ascii")})
-            self._fh.write(line + "\n")
+            self._fh.write(line.encode("ascii") + b"\n")
             self._fh.flush()
+
+    def _open_for_append(self) -> None:
+        """Cut a line a crash left torn (so the next event starts a line of its own),
+        then number on from the last complete event."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.events_path, "ab+")  # noqa: SIM115
+        self._fh.seek(0)
+        text = self._fh.read()
+        complete = text[: text.rfind(b"\n") + 1]
+        if len(complete) < len(text):
+            self._fh.truncate(len(complete))
+        self._seq = complete.count(b"\n")
 
     def close(self) -> None:
         with self._lock:
@@ -145,8 +156,9 @@ class StudyJournal:
 
 def find_study(root: str | Path, wanted: str | None, job_name: str | None = None) -> StudyJournal:
     """The journal to resume: study id or Prefect flow run id ``wanted``; with ``None``
-    the newest unfinished study of job ``job_name``."""
+    or ``"latest"`` the newest unfinished study of job ``job_name``."""
     root = Path(root)
+    wanted = None if wanted == "latest" else wanted
     headers: list[dict[str, Any]] = []
     for path in sorted(root.glob("*/study.json")) if root.exists() else []:
         try:

@@ -150,6 +150,7 @@ def test_find_study_picks_the_newest_unfinished_of_the_job(tmp_path):
     StudyJournal(root, "b").create(job_name="j", flow_run_id="f-b").update(status="finished")
     StudyJournal(root, "c").create(job_name="other")
     assert find_study(root, None, "j").study_id == "a"
+    assert find_study(root, "latest", "j").study_id == "a"
     assert find_study(root, "f-b").study_id == "b"  # by flow run id, whatever its state
     with pytest.raises(JournalError, match="no unfinished study of job 'x'"):
         find_study(root, None, "x")
@@ -165,6 +166,11 @@ def test_a_torn_last_line_is_dropped_and_a_corrupt_middle_refused(tmp_path):
     text = journal.events_path.read_text()
     journal.events_path.write_text(text[:-20])  # the crash cut the last line
     assert [e.data for e in journal.events()] == [{"i": 0}, {"i": 1}]
+    resumed = StudyJournal(tmp_path, "t")  # a resumed study appends after the torn line
+    resumed.append("match", 3, {"i": 3})
+    resumed.close()
+    assert [(e.seq, e.data) for e in resumed.events()] == [(1, {"i": 0}), (2, {"i": 1}),
+                                                           (3, {"i": 3})]
     lines = text.splitlines()
     journal.events_path.write_text("\n".join([lines[0], "{not json", lines[2]]) + "\n")
     with pytest.raises(JournalError, match="line 2 is corrupt"):
