@@ -9,9 +9,12 @@ one cluster running and pass ``--dask-address`` (see the README).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import threading
+from typing import Any
 
+from pipetune.errors import PipetuneError
 from pipetune.system.config import MachineInfo, process_resource
 
 _lock = threading.Lock()
@@ -22,10 +25,6 @@ _clients: dict[str, object] = {}
 WORKER_ENV = ("PREFECT_API_URL", "PREFECT_HOME", "PIPETUNE_HOME", "MLFLOW_DISABLE_TELEMETRY",
               "PREFECT_SERVER_ANALYTICS_ENABLED", "DASK_LOGGING__DISTRIBUTED",
               "PREFECT_LOGGING_LEVEL", "PYTHONPATH")
-
-
-#: How many times an epoch is run again after its worker died (Dask's allowed-failures).
-EPOCH_RETRIES = 1
 
 
 def embedded_cluster_kwargs(workers: int | None = None) -> dict:
@@ -47,11 +46,10 @@ def embedded_cluster_kwargs(workers: int | None = None) -> dict:
         # freed memory back to the OS at every turn and torch re-faults it: a LeNet-5
         # epoch took 1.2 s with it and 0.6 s without (benchmarks/RESULTS.md).
         "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
-        # An epoch whose worker dies runs once more, on another worker, from the
-        # trial's last checkpoint; if that worker dies too the trial fails with the
-        # reason (an epoch that kills every worker it lands on, e.g. out of memory,
-        # must not take the cluster down worker by worker).
-        "distributed.scheduler.allowed-failures": EPOCH_RETRIES,
+        # The driver sends an epoch whose worker died once more itself
+        # (pipetune.backends.DaskBackend): Dask's own retry would also count a death
+        # against every epoch merely queued on the dying worker.
+        "distributed.scheduler.allowed-failures": 0,
     })
     env["DASK_DISTRIBUTED__WORKER__DAEMON"] = "False"
     policy = os.environ.get("OMP_WAIT_POLICY", WORKER_PROCESS_ENV["OMP_WAIT_POLICY"]).lower()
@@ -107,12 +105,41 @@ def shared_cluster(workers: int | None = None):
 
             _use_forkserver()
             kwargs = embedded_cluster_kwargs(workers)
-            cluster = LocalCluster(**kwargs)
-            client = _client_for(cluster.scheduler_address)
-            client.wait_for_workers(kwargs["n_workers"], timeout=120)
+            for attempt in range(1, CLUSTER_START_ATTEMPTS + 1):
+                cluster = None
+                try:
+                    cluster = LocalCluster(**kwargs)
+                    client = _client_for(cluster.scheduler_address)
+                    client.wait_for_workers(kwargs["n_workers"], timeout=120)
+                    break
+                except Exception as e:  # noqa: BLE001 - a worker died while starting, ...
+                    _close_quietly(cluster)
+                    if attempt == CLUSTER_START_ATTEMPTS:
+                        raise ClusterStartError(
+                            f"the embedded Dask cluster did not start ({attempt} attempts; "
+                            f"last: {type(e).__name__}: {e}); pass --dask-address to use "
+                            "a cluster of your own") from None
             _cluster = cluster
             atexit.register(close_shared_cluster)
         return _cluster
+
+
+#: Tries to start the embedded cluster (a worker dying while it starts fails the start).
+CLUSTER_START_ATTEMPTS = 2
+
+
+class ClusterStartError(PipetuneError):
+    """The embedded Dask cluster could not be started."""
+
+
+def _close_quietly(cluster: Any) -> None:
+    if cluster is None:
+        return
+    client = _clients.pop(cluster.scheduler_address, None)
+    with contextlib.suppress(Exception):
+        if client is not None:
+            client.close()
+        cluster.close()
 
 
 def process_knob_values(spec) -> set[str]:
@@ -203,3 +230,25 @@ def cluster_core_budget(dask_address: str) -> int:
     for worker in info.get("workers", {}).values():
         total += int(worker.get("resources", {}).get("cores", worker.get("nthreads", 1)))
     return max(total, 1)
+
+
+def check_cluster_fits(client: Any, spec: Any) -> None:
+    """Refuse a job whose default or candidate system configs ask for more cores than
+    the cluster's largest worker advertises (such an epoch could never start), naming
+    the field, before the study records anything."""
+    import dataclasses
+
+    from pipetune.errors import SystemConfigError
+
+    workers = client.scheduler_info(n_workers=-1).get("workers", {})
+    largest = max((int(w.get("resources", {}).get("cores", w.get("nthreads", 1)))
+                   for w in workers.values()), default=0)
+    if not largest:
+        return  # no worker yet: the backend waits for one, then refuses what cannot fit
+    machine = dataclasses.replace(MachineInfo.detect(), cores=largest)
+    try:
+        spec.system.check_machine(machine)
+    except SystemConfigError as e:
+        raise SystemConfigError(
+            e.field, f"{e.message} (the cluster's largest worker advertises {largest} "
+            "cores)") from None

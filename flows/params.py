@@ -128,6 +128,7 @@ class WorkloadParam(_Param):
 
     name: str = Field(pattern=WORKLOAD_PATTERN)
     params: dict[str, Any] = Field(default_factory=dict)
+    epoch_timeout_s: float = Field(3600.0, gt=0, le=7 * 86400)
 
 
 class SystemDefaultParam(_Param):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
@@ -32,6 +32,7 @@ from prefect import flow, get_run_logger
 from pydantic import Field
 
 from flows.params import TrialsOverride
+from pipetune.confine import Confinement, enforced
 
 #: The deployment streams submit to unless told otherwise (deployments/prefect.yaml).
 DEFAULT_DEPLOYMENT = "pipetune-study/on-demand"
@@ -177,6 +178,32 @@ def _study_records(tracking_uri: str, flow_run_ids: Sequence[str]) -> dict[str, 
     return found
 
 
+def confine_stream(
+    job_files: Sequence[str],
+    tracking_uri: str | None,
+    *,
+    from_deployment: bool,
+    job_variables: Mapping[str, Any] | None = None,
+    policy: Confinement | None = None,
+) -> tuple[list[str], Confinement | None]:
+    """The job files a stream run reads, checked (absolute and resolved) against the
+    worker's :class:`~pipetune.confine.Confinement` when the stream itself runs from a
+    deployment, and that policy (``None`` otherwise). Its ``tracking_uri`` is checked
+    too (the stream writes the MLflow experiment); ``groundtruth_path`` goes on to the
+    study runs, which check it."""
+    if not from_deployment:
+        return list(job_files), None
+    from pipetune.tracking import default_tracking_uri
+
+    policy = policy or Confinement.from_env()
+    policy.check_job_variables(job_variables)
+    checked = [policy.check_path(f"job_files.{i}", path, expanduser=False)
+               for i, path in enumerate(job_files)]
+    if tracking_uri and tracking_uri != default_tracking_uri():
+        policy.check_tracking_uri("tracking_uri", tracking_uri)
+    return checked, policy
+
+
 @flow(name="pipetune-stream", log_prints=False)
 def stream_flow(
     job_files: list[str],
@@ -199,12 +226,19 @@ def stream_flow(
     """
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
+    from prefect.runtime import deployment as this_deployment
+    from prefect.runtime import flow_run as this_run
 
     from pipetune.spec import load_spec
     from pipetune.tracking import default_tracking_uri, ensure_experiment
 
     logger = get_run_logger()
-    specs = {path: load_spec(path).to_dict() for path in dict.fromkeys(job_files)}
+    from_deployment = bool(this_deployment.id)
+    job_files, policy = confine_stream(
+        job_files, tracking_uri, from_deployment=from_deployment,
+        job_variables=this_run.job_variables if from_deployment else None)
+    with enforced(policy):  # each job file's import-path workload checked, then imported
+        specs = {path: load_spec(path).to_dict() for path in dict.fromkeys(job_files)}
     tracking_uri = tracking_uri or default_tracking_uri()
     ensure_experiment(tracking_uri)  # once, before the flow runs fan out
     arrivals = poisson_arrivals(rate_per_min, jobs, seed, job_files)

@@ -22,6 +22,7 @@ from prefect.exceptions import TerminationSignal
 from prefect.runtime import deployment, flow_run
 
 from flows.cluster import (
+    check_cluster_fits,
     client_for,
     cluster_core_budget,
     ensure_worker_groups,
@@ -30,6 +31,7 @@ from flows.cluster import (
 from flows.params import CoreBudget, JobArgument, TrialsOverride
 from pipetune.backends import DaskBackend
 from pipetune.checkpoints import CheckpointStore
+from pipetune.confine import confine_parameters, confine_resumed, enforced
 from pipetune.groundtruth import GroundTruth
 from pipetune.home import pipetune_home
 from pipetune.journal import StudyJournal, find_study, studies_root
@@ -65,18 +67,35 @@ def study_flow(
     its journal, with its own job, stores and MLflow runs; finished epochs are not
     run again.
 
+    A run from a deployment is confined (:func:`confine_parameters`): the paths it
+    names must lie under the worker's ``PIPETUNE_ALLOWED_ROOTS`` and an import-path
+    workload's module in its ``PIPETUNE_ALLOWED_MODULES``; otherwise it fails with a
+    :class:`~pipetune.errors.ConfinementError` naming the parameter, before anything
+    is recorded.
+
     Epochs run on the Dask cluster at ``dask_address``, else on this process's
     embedded ``LocalCluster`` (started once, reused by later studies). Returns a
     JSON-able summary: the MLflow parent run id, the study's numbers, the per-epoch
     timings and the trials table.
     """
     logger = get_run_logger()
-    spec = resolve_job(job, trials, pipetune)
+    from_deployment = bool(deployment.id)
+    checked, policy = confine_parameters(
+        {"job": job, "tracking_uri": tracking_uri, "checkpoint_root": checkpoint_root,
+         "groundtruth_path": groundtruth_path},
+        from_deployment=from_deployment,
+        job_variables=flow_run.job_variables if from_deployment else None,
+    )
+    job, checkpoint_root, groundtruth_path = (
+        checked["job"], checked["checkpoint_root"], checked["groundtruth_path"])
     resumed: dict[str, Any] = {}
+    with enforced(policy):  # a job file's import-path workload is checked, then imported
+        spec = resolve_job(job, trials, pipetune)
+        if resume:
+            journal = find_study(studies_root(), resume, spec.name)
+            resumed = confine_resumed(journal.header(), policy)
+            spec = JobSpec.from_dict(resumed["job"])  # the job as it started, seeds included
     if resume:
-        journal = find_study(studies_root(), resume, spec.name)
-        resumed = journal.header()
-        spec = JobSpec.from_dict(resumed["job"])  # the job as it started, seeds included
         study_id = journal.study_id
         tracking_uri = resumed["tracking_uri"]
         checkpoint_root = resumed["checkpoint_root"]
@@ -85,19 +104,23 @@ def study_flow(
         tracking_uri = tracking_uri or default_tracking_uri()
         study_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         checkpoint_root = checkpoint_root or str(pipetune_home() / "checkpoints")
-        journal = StudyJournal(studies_root(), study_id).create(
-            job=spec.to_dict(), job_name=spec.name, tracking_uri=tracking_uri,
-            checkpoint_root=checkpoint_root, groundtruth_path=groundtruth_path)
-    checkpoints = CheckpointStore(checkpoint_root)
     ground_truth = GroundTruth(
         groundtruth_path,
         max_clusters=spec.pipetune.similarity.max_clusters,
         bound_factor=spec.pipetune.similarity.bound_factor,
         min_bound=spec.pipetune.similarity.min_bound,
     )
-    if spec.pipetune.enabled:  # a corrupt store stops the study before it records anything
+    # Refusals before anything is recorded: a corrupt ground truth, a system space
+    # the cluster's workers cannot run.
+    if spec.pipetune.enabled:
         ground_truth.check()
     client = client_for(dask_address)
+    check_cluster_fits(client, spec)
+    if not resume:
+        journal = StudyJournal(studies_root(), study_id).create(
+            job=spec.to_dict(), job_name=spec.name, tracking_uri=tracking_uri,
+            checkpoint_root=checkpoint_root, groundtruth_path=groundtruth_path)
+    checkpoints = CheckpointStore(checkpoint_root)
     if dask_address is None:  # workers for OpenMP policies the job asks for, before the clock
         ensure_worker_groups(process_knob_values(spec))
     if core_budget is None and dask_address:

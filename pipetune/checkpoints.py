@@ -128,6 +128,18 @@ class CheckpointStore:
         workload.load_state_dict(state)
 
     @staticmethod
+    def wait_written(ref: str) -> None:
+        """Block until this process's background write of ``ref`` (if any) is done.
+
+        A trial continuing from memory calls this before it trains on: if its process
+        dies in the next epoch, the epoch it continues from is already on storage, so
+        the retry elsewhere finds it. The write ran during the result's round trip,
+        so this usually returns at once."""
+        pending = _WRITER.pending(ref)
+        if pending is not None:
+            pending.result()
+
+    @staticmethod
     def exists(ref: str) -> bool:
         import fsspec
 

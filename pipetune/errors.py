@@ -31,6 +31,11 @@ class SystemConfigError(SpecError):
     """A system knob value this machine cannot honour, or that is malformed."""
 
 
+class ConfinementError(SpecError):
+    """A run sent through a deployment names a path outside the roots the worker allows,
+    or a workload module it does not allow (:mod:`pipetune.confine`)."""
+
+
 class WorkloadError(PipetuneError):
     """A workload could not be found, built or trained."""
 

@@ -6,7 +6,8 @@ profile is compared with the records; if it is similar to a cluster of past prof
 and that cluster knows a config for the trial's batch-size bucket and objective, the
 trial uses it and skips probing.
 
-How similarity is decided (lazily, at lookup; refitted whenever the records changed):
+How similarity is decided (lazily, at lookup; refitted only when the file's content
+changed, so lookups on an unchanged store reuse one fit):
 
 - **Features**: ``Profile.vector(CLUSTER_FEATURES)``.
 - **Noise units**: each feature has a floor in :data:`SCALE_FLOORS`, the size of a
@@ -42,11 +43,23 @@ How similarity is decided (lazily, at lookup; refitted whenever the records chan
   median cost wins (ties: more records, then the older). ``support`` is the number of
   records (trials) that chose that config; ``cost`` its median.
 
+**Bounded growth**: records are grouped by (similar profile, bucket, objective), where
+records share a similar profile when they are within ``min_bound`` of the same distinct
+profile (the walk the clustering counts clusters with). When a new record takes its group
+past ``max_records_per_group``, the group's oldest records are dropped until it fits,
+except the last record of the group's best config (chosen as above, the new record
+included): the store follows what recent trials measured, and the config it answers
+with never ages out. Other groups are trimmed when they next receive a record.
+
 Storage is one JSON file. Writers take an exclusive ``fcntl.flock`` on a sibling
-``.lock`` file, re-read the file, change it and ``os.replace`` a temporary copy over it;
-readers take a shared lock. Concurrent studies neither corrupt the file nor lose records.
-A file that is not valid raises :class:`GroundTruthError` naming it; it is never wiped
-silently.
+``.lock`` file, re-read the file, change it and ``os.replace`` a temporary copy over it
+(keeping the file's permissions); readers take a shared lock. Concurrent studies neither
+corrupt the file nor lose records. Every record is validated when written and when read,
+by one rule: finite numbers, exactly the features of ``CLUSTER_FEATURES``, a known
+objective, a valid config. A file that is not valid raises :class:`GroundTruthError`
+naming it and ``pipetune groundtruth repair``; it is never wiped silently.
+:meth:`GroundTruth.audit` lists every problem; :meth:`GroundTruth.repair` keeps the
+valid records and drops the rest.
 """
 
 from __future__ import annotations
@@ -57,6 +70,7 @@ import hashlib
 import json
 import math
 import os
+import shlex
 import stat
 import statistics
 import tempfile
@@ -113,6 +127,41 @@ class GroundTruthEntry:
     support: int
 
 
+@dataclass(frozen=True)
+class StoreReport:
+    """What :meth:`GroundTruth.audit` found in a store file: ``records`` in it, the
+    ``bad`` ones as ``(index, why)``, and ``unreadable``, why the file as a whole is not
+    a ground truth (then ``records`` is 0)."""
+
+    path: Path
+    records: int
+    bad: tuple[tuple[int, str], ...] = ()
+    unreadable: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.bad and self.unreadable is None
+
+    @property
+    def problems(self) -> list[str]:
+        """One line per problem."""
+        if self.unreadable is not None:
+            return [f"not a ground-truth file: {self.unreadable}"]
+        return [f"record {i}: {why}" for i, why in self.bad]
+
+
+@dataclass(frozen=True)
+class Repair:
+    """What :meth:`GroundTruth.repair` did: what it ``found``, the ``kept`` record count,
+    the ``backup`` of the file as it was and, for an unreadable file, where it was
+    ``moved`` (both ``None`` when there was nothing to repair)."""
+
+    found: StoreReport
+    kept: int
+    backup: Path | None = None
+    moved: Path | None = None
+
+
 @dataclass
 class _Fit:
     """Clusters fitted on one version of the records."""
@@ -135,6 +184,23 @@ def _mode_for(path: Path) -> int:
         return 0o666 & ~_umask()
 
 
+def _write_atomic(path: Path, data: bytes, mode: int) -> None:
+    """Replace ``path`` with ``data`` in one step (a temporary copy, fsynced, renamed over
+    it), with permission bits ``mode``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.chmod(tmp, mode)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
 def _umask() -> int:
     """This process's umask, read without changing it (``os.umask`` would, for an
     instant, for every thread)."""
@@ -151,7 +217,8 @@ class GroundTruth:
     """The shared store of best system configs, keyed by job profile and batch size.
 
     ``path`` defaults to ``pipetune_home() / "groundtruth.json"``. See the module
-    docstring for how ``max_clusters``, ``bound_factor`` and ``min_bound`` are used.
+    docstring for how ``max_clusters``, ``bound_factor``, ``min_bound`` and
+    ``max_records_per_group`` are used.
     """
 
     def __init__(
@@ -161,6 +228,7 @@ class GroundTruth:
         max_clusters: int = 8,
         bound_factor: float = 2.0,
         min_bound: float = 2.0,
+        max_records_per_group: int = 200,
     ) -> None:
         if not isinstance(max_clusters, int) or isinstance(max_clusters, bool) or max_clusters < 1:
             raise SpecError(
@@ -172,12 +240,19 @@ class GroundTruth:
             )
         if not min_bound > 0:
             raise SpecError("pipetune.similarity.min_bound", f"must be > 0, got {min_bound!r}")
+        if (not isinstance(max_records_per_group, int) or isinstance(max_records_per_group, bool)
+                or max_records_per_group < 1):
+            raise SpecError(
+                "max_records_per_group",
+                f"must be an integer >= 1, got {max_records_per_group!r}",
+            )
         self.path = (
             Path(path).expanduser() if path is not None else (pipetune_home() / "groundtruth.json")
         )
         self.max_clusters = max_clusters
         self.bound_factor = float(bound_factor)
         self.min_bound = float(min_bound)
+        self.max_records_per_group = max_records_per_group
         self._fit: _Fit | None = None
         self._fit_lock = threading.Lock()
 
@@ -261,29 +336,31 @@ class GroundTruth:
         job: str = "",
         trial: str = "",
     ) -> None:
-        """Store the config a trial kept, under its epoch-1 profile. Safe across processes."""
+        """Store the config a trial kept, under its epoch-1 profile. Safe across processes.
+
+        The record is checked by the rule records are read with (finite features and
+        cost, ...); one that would not read back raises :class:`GroundTruthError` and
+        nothing is written. So does a store that is not valid. The record's group is
+        then cut to ``max_records_per_group`` (see the module docstring).
+        """
         objective = _check_objective(objective)
         self.bucket(batch_size)
         if not isinstance(config, SystemConfig):
             raise GroundTruthError(f"config must be a SystemConfig, got {type(config).__name__}")
-        cost = float(cost)
-        if not math.isfinite(cost) or cost < 0:
-            raise GroundTruthError(f"cost must be a finite number >= 0, got {cost!r}")
-        features = _profile_features(profile)
-        bad = [n for n, v in features.items() if not math.isfinite(v)]
-        if bad:
-            raise GroundTruthError(f"profile feature {bad[0]} is not finite; not recorded")
         rec = {
-            "features": features,
+            "features": _profile_features(profile),
             "batch_size": batch_size,
             "objective": objective,
             "config": config.to_dict(),
-            "cost": cost,
+            "cost": float(cost),
             "job": str(job),
             "trial": str(trial),
             "time": datetime.now(UTC).isoformat(timespec="seconds"),
         }
-        self._mutate(lambda records: [*records, rec])
+        why = _record_problem(rec)
+        if why is not None:
+            raise GroundTruthError(f"{why}; not recorded")
+        self._mutate(lambda records: self._capped([*records, rec]))
         # Refit now, in the background, so the next lookup does not pay for it on the
         # study's critical path (a k-means fit took ~1 s here); a lookup that comes
         # first waits for this fit rather than doing its own.
@@ -362,7 +439,7 @@ class GroundTruth:
         return removed
 
     def __len__(self) -> int:
-        return len(self._read()[0])
+        return len(self._read())
 
     # -- storage -------------------------------------------------------------------
     @property
@@ -379,12 +456,18 @@ class GroundTruth:
             finally:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
-    def _read(self) -> tuple[list[dict[str, Any]], bytes]:
+    @property
+    def backup_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".bak")
+
+    def _read(self) -> list[dict[str, Any]]:
+        return self._parse(self._snapshot())
+
+    def _snapshot(self) -> bytes:
         if not self.path.exists():
-            return [], b""
+            return b""
         with self._locked(exclusive=False):
-            raw = self._read_raw()
-        return self._parse(raw), raw
+            return self._read_raw()
 
     def _read_raw(self) -> bytes:
         try:
@@ -394,53 +477,127 @@ class GroundTruth:
         except OSError as err:
             raise GroundTruthError(f"{self.path}: cannot read the ground truth ({err})") from err
 
-    def _parse(self, raw: bytes) -> list[dict[str, Any]]:
+    def _scan(self, raw: bytes) -> tuple[list[Any], list[tuple[int, str]]]:
+        """The file's records and the bad ones among them as ``(index, why)``. Raises
+        ``ValueError`` when the file as a whole is not a ground truth, and
+        :class:`GroundTruthError` for one written by a newer pipetune (not to be touched)."""
         if not raw.strip():
-            return []
-        try:
-            data = json.loads(raw)
-            if not isinstance(data, dict) or not isinstance(data.get("records"), list):
-                raise ValueError("expected an object with a 'records' list")
-            if data.get("version", FORMAT_VERSION) > FORMAT_VERSION:
-                raise ValueError(f"written by a newer pipetune (format {data['version']})")
-            records = data["records"]
-            for i, rec in enumerate(records):
-                _check_record(rec, i)
-        except (ValueError, TypeError, KeyError, SystemConfigError) as err:
+            return [], []
+        data = json.loads(raw)
+        if not isinstance(data, dict) or not isinstance(data.get("records"), list):
+            raise ValueError("expected an object with a 'records' list")
+        version = data.get("version", FORMAT_VERSION)
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise ValueError(f"unknown format version {version!r}")
+        if version > FORMAT_VERSION:
             raise GroundTruthError(
-                f"{self.path}: not a valid ground-truth file ({err}); "
-                "fix it or move it aside (it was left untouched)"
-            ) from None
+                f"{self.path}: written by a newer pipetune (format {version}); use that version"
+            )
+        records = data["records"]
+        bad = [(i, why) for i, rec in enumerate(records) if (why := _record_problem(rec))]
+        return records, bad
+
+    def _report(self, raw: bytes) -> tuple[StoreReport, list[dict[str, Any]]]:
+        """What is wrong with ``raw``, and its valid records."""
+        try:
+            records, bad = self._scan(raw)
+        except (ValueError, RecursionError) as err:  # RecursionError: absurdly nested JSON
+            return StoreReport(self.path, 0, unreadable=str(err) or type(err).__name__), []
+        dropped = {i for i, _ in bad}
+        good = [rec for i, rec in enumerate(records) if i not in dropped]
+        return StoreReport(self.path, len(records), tuple(bad)), good
+
+    def _parse(self, raw: bytes) -> list[dict[str, Any]]:
+        found, records = self._report(raw)
+        if not found.ok:
+            first, *more = found.problems
+            also = f"; and {len(more)} more bad record(s)" if more else ""
+            raise GroundTruthError(
+                f"{self.path}: not a valid ground-truth file ({first}{also}); run "
+                f"`pipetune groundtruth repair --path {shlex.quote(str(self.path))}` to keep "
+                "its valid records and drop the rest (the file was left untouched)"
+            )
         return records
+
+    def _write(self, records: list[dict[str, Any]], mode: int) -> None:
+        payload = json.dumps({"version": FORMAT_VERSION, "records": records}, indent=1,
+                             allow_nan=False)
+        _write_atomic(self.path, payload.encode(), mode)
 
     def _mutate(self, change: Any) -> None:
         with self._locked(exclusive=True):
-            records = self._parse(self._read_raw())
-            records = change(records)
-            payload = json.dumps(
-                {"version": FORMAT_VERSION, "records": records}, indent=1, allow_nan=False
-            )
-            fd, tmp = tempfile.mkstemp(
-                dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp"
-            )
-            try:
-                os.chmod(tmp, _mode_for(self.path))  # a rewrite keeps who may read it
-                with os.fdopen(fd, "w") as fh:
-                    fh.write(payload)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, self.path)
-            except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-                raise
+            records = change(self._parse(self._read_raw()))
+            self._write(records, _mode_for(self.path))  # a rewrite keeps who may read it
 
     def check(self) -> int:
         """Read and validate the whole store now; return its record count. A study calls
         this before it records anything, so a corrupt store stops it at once with
         :class:`GroundTruthError` instead of at its first lookup."""
-        records, _ = self._read()
-        return len(records)
+        return len(self._read())
+
+    def audit(self) -> StoreReport:
+        """Read the whole store and list every problem in it, without raising for them
+        (:meth:`check` raises at the first)."""
+        return self._report(self._snapshot())[0]
+
+    def repair(self) -> Repair:
+        """Keep every valid record and drop the bad ones; a file that cannot be read as a
+        ground truth at all is moved aside to ``<file>.corrupt-<UTC time>`` and an empty
+        store started. Before changing anything the file as it was is copied to
+        ``<file>.bak``; both keep the file's permissions. A valid store is left as it
+        was. Safe across processes."""
+        if not self.path.exists():
+            return Repair(StoreReport(self.path, 0), kept=0)
+        with self._locked(exclusive=True):
+            raw = self._read_raw()
+            found, records = self._report(raw)
+            if found.ok:
+                return Repair(found, kept=len(records))
+            mode = _mode_for(self.path)
+            _write_atomic(self.backup_path, raw, mode)
+            moved = None
+            if found.unreadable is not None:
+                moved = self._aside_path()
+                os.rename(self.path, moved)
+            self._write(records, mode)
+        return Repair(found, kept=len(records), backup=self.backup_path, moved=moved)
+
+    def _aside_path(self) -> Path:
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        n = 1
+        while aside.exists():
+            aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{n}")
+            n += 1
+        return aside
+
+    def _capped(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``records`` with the group of the last one cut to ``max_records_per_group``:
+        its oldest records dropped, except the last record of its best config."""
+        if len(records) <= self.max_records_per_group:
+            return records
+        import numpy as np
+
+        names = CLUSTER_FEATURES
+        leaders = self._leaders(np.array([[r["features"][n] for n in names] for r in records]))
+        keys = [(lead, self.bucket(r["batch_size"]), r["objective"])
+                for lead, r in zip(leaders, records, strict=True)]
+        group = [i for i, key in enumerate(keys) if key == keys[-1]]
+        excess = len(group) - self.max_records_per_group
+        if excess <= 0:
+            return records
+        best, _ = _best_config([records[i] for i in group])
+        best_left = sum(1 for i in group if _config_key(records[i]) == best)
+        drop: set[int] = set()
+        for i in group:  # oldest first
+            if len(drop) == excess:
+                break
+            if _config_key(records[i]) == best:
+                if best_left == 1:
+                    continue
+                best_left -= 1
+            drop.add(i)
+        return [rec for i, rec in enumerate(records) if i not in drop]
 
     # -- clustering ----------------------------------------------------------------
     def prepare(self) -> None:
@@ -451,23 +608,21 @@ class GroundTruth:
 
     def _fitted(self) -> _Fit | None:
         with self._fit_lock:
-            records, raw = self._read()
+            raw = self._snapshot()
             key = hashlib.sha1(raw).hexdigest()
             if self._fit is not None and self._fit.key == key:
-                return self._fit
-            self._fit = self._fit_records(records, key)
+                return self._fit  # unchanged content: neither re-parsed nor refitted
+            records = self._parse(raw)
+            self._fit = self._fit_records(records, key) if records else None
             return self._fit
 
-    def _fit_records(self, records: list[dict[str, Any]], key: str) -> _Fit | None:
+    def _fit_records(self, records: list[dict[str, Any]], key: str) -> _Fit:
         import numpy as np
 
         names = CLUSTER_FEATURES
-        usable = [r for r in records if all(n in r["features"] for n in names)]
-        if not usable:
-            return None
-        x = np.array([[float(r["features"][n]) for n in names] for r in usable])
+        x = np.array([[float(r["features"][n]) for n in names] for r in records])
 
-        k = min(self.max_clusters, self._distinct(x, names))
+        k = min(self.max_clusters, len(set(self._leaders(x))))
         if k == 1:
             labels = np.zeros(len(x), dtype=int)
         else:
@@ -492,35 +647,57 @@ class GroundTruth:
             bounds.append(max(self.min_bound, self.bound_factor * r))
 
         groups: dict[tuple[int, int, str], list[dict[str, Any]]] = {}
-        for rec, cid in zip(usable, labels, strict=True):
+        for rec, cid in zip(records, labels, strict=True):
             gkey = (int(cid), self.bucket(rec["batch_size"]), rec["objective"])
             groups.setdefault(gkey, []).append(rec)
         entries = {gkey: _best_entry(gkey, recs) for gkey, recs in groups.items()}
         return _Fit(key, names, np.array(centroids), sizes, radius, bounds, entries)
 
-    def _distinct(self, x: Any, names: tuple[str, ...]) -> int:
-        leaders: list[Any] = []
-        for row in x:
-            if all(_noise_distance(names, lead, row)[0] > self.min_bound for lead in leaders):
-                leaders.append(row)
-        return len(leaders)
+    def _leaders(self, x: Any) -> list[int]:
+        """Each row's distinct profile, as a row index: walking the rows in order, a row
+        farther than ``min_bound`` from every distinct row before it is distinct (its
+        own leader); any other row belongs to the nearest of those."""
+        import numpy as np
+
+        leaders: list[int] = []
+        out: list[int] = []
+        for i, row in enumerate(x):
+            if leaders:
+                dists = _noise_distance(CLUSTER_FEATURES, x[leaders], row)
+                nearest = int(np.argmin(dists))
+                if dists[nearest] <= self.min_bound:
+                    out.append(leaders[nearest])
+                    continue
+            leaders.append(i)
+            out.append(i)
+        return out
+
+
+def _config_key(rec: dict[str, Any]) -> str:
+    return json.dumps(rec["config"], sort_keys=True)
+
+
+def _best_config(recs: list[dict[str, Any]]) -> tuple[str, list[float]]:
+    """The config (as :func:`_config_key`) with the lowest median cost among ``recs``,
+    ties to more records, then the older; and its costs."""
+    by_config: dict[str, list[float]] = {}
+    for rec in recs:
+        by_config.setdefault(_config_key(rec), []).append(float(rec["cost"]))
+    # Insertion order is record order; min() keeps the first of equals: older wins ties.
+    best = min(by_config, key=lambda c: (statistics.median(by_config[c]), -len(by_config[c])))
+    return best, by_config[best]
 
 
 def _best_entry(gkey: tuple[int, int, str], recs: list[dict[str, Any]]) -> GroundTruthEntry:
-    by_config: dict[str, list[float]] = {}
-    for rec in recs:
-        ckey = json.dumps(rec["config"], sort_keys=True)
-        by_config.setdefault(ckey, []).append(float(rec["cost"]))
-    # Insertion order is record order; min() keeps the first of equals: older wins ties.
-    best = min(by_config, key=lambda c: (statistics.median(by_config[c]), -len(by_config[c])))
+    best, costs = _best_config(recs)
     cluster, bucket, objective = gkey
     return GroundTruthEntry(
         cluster=cluster,
         bucket=bucket,
         objective=objective,
         config=SystemConfig.from_dict(json.loads(best)),
-        cost=float(statistics.median(by_config[best])),
-        support=len(by_config[best]),
+        cost=float(statistics.median(costs)),
+        support=len(costs),
     )
 
 
@@ -563,23 +740,48 @@ def _check_objective(objective: str) -> str:
     return objective
 
 
-def _check_record(rec: Any, i: int) -> None:
+_REQUIRED = ("batch_size", "objective", "config", "cost")
+
+
+def _finite(value: Any) -> bool:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        return False
+
+
+def _record_problem(rec: Any) -> str | None:
+    """Why a record is not valid, or ``None``: the one rule for writing and reading."""
     if not isinstance(rec, dict):
-        raise ValueError(f"record {i} is not an object")
-    if not isinstance(rec["features"], dict):
-        raise ValueError(f"record {i}: features is not an object")
-    for name, value in rec["features"].items():
-        if not isinstance(value, int | float) or not math.isfinite(value):
-            raise ValueError(f"record {i}: feature {name} is not a finite number")
+        return "is not an object"
+    features = rec.get("features")
+    if not isinstance(features, dict):
+        return "features is missing or not an object"
+    for name, value in features.items():
+        if not _finite(value):
+            return f"feature {name} is not a finite number ({value!r})"
+    missing = [k for k in _REQUIRED if k not in rec]
+    if missing:
+        return f"lacks {', '.join(missing)}"
     bs = rec["batch_size"]
     if not isinstance(bs, int) or isinstance(bs, bool) or bs < 1:
-        raise ValueError(f"record {i}: batch_size must be an integer >= 1")
+        return f"batch_size must be an integer >= 1, got {bs!r}"
     if rec["objective"] not in OBJECTIVES:
-        raise ValueError(f"record {i}: objective must be one of {OBJECTIVES}")
+        return f"objective must be one of {OBJECTIVES}, got {rec['objective']!r}"
     cost = rec["cost"]
-    if (not isinstance(cost, int | float) or isinstance(cost, bool) or not math.isfinite(cost)
-            or cost < 0):
-        raise ValueError(f"record {i}: cost is not a finite number >= 0")
+    if not _finite(cost) or cost < 0:
+        return f"cost must be a finite number >= 0, got {cost!r}"
+    if set(features) != set(CLUSTER_FEATURES):
+        lacks = [n for n in CLUSTER_FEATURES if n not in features]
+        extra = sorted(set(features) - set(CLUSTER_FEATURES))
+        return (f"features differ from the {len(CLUSTER_FEATURES)} the ground truth "
+                f"clusters on (missing {lacks}, extra {extra})")
     if not isinstance(rec["config"], dict):
-        raise ValueError(f"record {i}: config is not an object")
-    SystemConfig.from_dict(rec["config"])
+        return "config is not an object"
+    try:
+        SystemConfig.from_dict(rec["config"])
+    except (ValueError, TypeError, KeyError, SystemConfigError) as err:
+        return f"config: {err}"
+    return None

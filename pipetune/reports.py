@@ -36,9 +36,15 @@ def trials_table(study: Study) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: The timeline draws at most this many trials, so its size is bounded however many
+#: trials a study has (a 0.6-inch row each).
+TIMELINE_MAX_TRIALS = 60
+
+
 def timeline_figure(study: Study) -> Figure:
     """Trials by wall-clock time, one bar per epoch coloured by phase and labelled
-    with its system config."""
+    with its system config. Past :data:`TIMELINE_MAX_TRIALS` trials, the ones that
+    ran the most epochs are drawn (the title says how many of how many)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -46,6 +52,10 @@ def timeline_figure(study: Study) -> Figure:
     from matplotlib.patches import Patch
 
     trials = sorted(study.trials.values(), key=lambda t: t.trial_id)
+    total = len(trials)
+    if total > TIMELINE_MAX_TRIALS:
+        longest = sorted(trials, key=lambda t: (-t.epochs_run, t.trial_id))
+        trials = sorted(longest[:TIMELINE_MAX_TRIALS], key=lambda t: t.trial_id)
     starts = [r.started for t in trials for r in t.results]
     t0 = min(starts) if starts else 0.0
     fig = Figure(figsize=(11, 0.6 * max(len(trials), 2) + 1.5))
@@ -62,7 +72,9 @@ def timeline_figure(study: Study) -> Figure:
     ax.set_yticks(range(len(trials)), [f"trial {t.trial_id} ({t.state})" for t in trials])
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the first epoch started")
-    ax.set_title(f"{study.spec.name}: epochs by phase and system config")
+    shown = f" ({len(trials)} of {total} trials: those that ran longest)" \
+        if len(trials) < total else ""
+    ax.set_title(f"{study.spec.name}: epochs by phase and system config{shown}")
     ax.legend(handles=[Patch(color=c, label=p) for p, c in PHASE_COLOURS.items()],
               loc="lower right", fontsize=7)
     fig.tight_layout()

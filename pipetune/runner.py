@@ -43,6 +43,8 @@ class EpochTask:
     #: Cores a pinned epoch (``system.pin_cores``) runs on, given by the executor so
     #: that co-running pinned epochs do not share cores; empty: the process's first.
     cpus: tuple[int, ...] = ()
+    #: Seconds the epoch may run once sent to its worker (``workload.epoch_timeout_s``).
+    timeout_s: float | None = None
 
     @property
     def name(self) -> str:
@@ -171,6 +173,8 @@ def run_epoch(task: EpochTask, live: LiveTrials | None = None, address: str = ""
             build_s = time.time() - started
         if task.checkpoint_in is not None:
             CheckpointStore.load(workload, task.checkpoint_in)
+    elif task.checkpoint_in is not None:
+        CheckpointStore.wait_written(task.checkpoint_in)
     profiler = EpochProfiler(
         op_mix_steps=task.op_mix_steps,
         perf=task.perf,

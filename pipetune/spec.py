@@ -99,12 +99,19 @@ class _Section(BaseModel):
     )
 
 
+#: Generous: an hour per epoch; jobs with longer epochs say so.
+DEFAULT_EPOCH_TIMEOUT_S = 3600.0
+
+
 class WorkloadSpec(_Section):
     """``name``: a built-in (``lenet5``) or an import path ``package.module:Class``;
     ``params``: keyword arguments for the class."""
 
     name: str = Field(min_length=1, max_length=512)
     params: dict[str, Any] = Field(default_factory=dict)
+    #: Seconds one epoch may run on its worker before its trial fails (a hung data
+    #: loader must not stall the study and the queue behind it).
+    epoch_timeout_s: float = Field(DEFAULT_EPOCH_TIMEOUT_S, gt=0, le=7 * 86400)
 
     @field_validator("params")
     @classmethod

@@ -263,6 +263,7 @@ class Study:
             op_mix_steps=profiler.op_mix_steps,
             perf=profiler.perf,
             watts_per_core=profiler.watts_per_core,
+            timeout_s=self.spec.workload.epoch_timeout_s,
         )
 
     def final_task(self, trial: Trial) -> EpochTask:

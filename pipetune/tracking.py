@@ -14,6 +14,7 @@ waits for everything sent so far.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -58,10 +59,9 @@ def ensure_experiment(tracking_uri: str, name: str = DEFAULT_EXPERIMENT) -> str:
     For a SQLite store this holds a file lock beside the database while MLflow creates
     or migrates its schema: two commands starting at once on a fresh store both failed
     there (``table _alembic_tmp_... already exists``)."""
-    from mlflow.tracking import MlflowClient
 
     with _store_lock(tracking_uri):
-        client = MlflowClient(tracking_uri)
+        client = mlflow_client(tracking_uri)
         experiment = client.get_experiment_by_name(name)
         if experiment is not None:
             return experiment.experiment_id
@@ -92,6 +92,45 @@ def _metric(key: str, value: float, step: int, timestamp_ms: int):
 
 
 logger = logging.getLogger(__name__)
+
+#: Back-off (seconds) between tries of an MLflow call SQLite refused as locked, after
+#: its own 5 s busy wait: many studies writing one SQLite store at once.
+LOCKED_BACKOFF_S = (0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4)
+
+
+class RetryingClient:
+    """An ``MlflowClient`` whose calls are tried again, with back-off, while SQLite
+    answers ``database is locked`` (a refused SQLite transaction is rolled back
+    whole, so a second try never writes twice); any other error is raised at once."""
+
+    def __init__(self, client: Any):
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        @functools.wraps(attr)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            for delay in (*LOCKED_BACKOFF_S, None):
+                try:
+                    return attr(*args, **kwargs)
+                except Exception as e:
+                    if delay is None or "database is locked" not in str(e):
+                        raise
+                    logger.info("MLflow store locked (%s); trying again in %.1f s", name, delay)
+                    time.sleep(delay)
+            raise AssertionError("unreachable")
+
+        return call
+
+
+def mlflow_client(tracking_uri: str | None) -> RetryingClient:
+    """An MLflow client on ``tracking_uri`` that rides out a locked SQLite store."""
+    from mlflow.tracking import MlflowClient
+
+    return RetryingClient(MlflowClient(tracking_uri))
 
 #: MLflow's limits on one ``log_batch`` call (``mlflow.utils.validation``).
 MAX_METRICS_PER_BATCH = 1000
@@ -141,11 +180,7 @@ class MlflowSink:
     def __init__(self, *, experiment_id: str, parent_run_id: str, tags: dict[str, str],
                  tracking_uri: str | None = None, client: MlflowClient | None = None,
                  children: dict[int, str] | None = None):
-        if client is None:
-            from mlflow.tracking import MlflowClient
-
-            client = MlflowClient(tracking_uri)
-        self.client = client
+        self.client = client if client is not None else mlflow_client(tracking_uri)
         self.experiment_id = experiment_id
         self.parent_run_id = parent_run_id
         self.tags = tags
@@ -249,12 +284,11 @@ class StudyTracker:
         client: MlflowClient | None = None,
         resume_run_id: str | None = None,
     ):
-        from mlflow.tracking import MlflowClient
 
         from pipetune.sidecar import ThreadHost, shared_host
 
         self.tracking_uri = tracking_uri
-        self.client = client if client is not None else MlflowClient(tracking_uri)
+        self.client = client if client is not None else mlflow_client(tracking_uri)
         self.experiment_id = ensure_experiment(tracking_uri, experiment)
         self.spec = spec
         self.tags = dict(tags or {})

@@ -26,3 +26,15 @@ class KillingWorkload(SyntheticWorkload):
                 mark.touch()
                 os.kill(os.getpid(), signal.SIGKILL)
         super()._before_epoch(system, steps)
+
+
+class HangingWorkload(SyntheticWorkload):
+    """A trial whose ``hidden`` size is 8 hangs in epoch 2 (a data loader stuck on a
+    dead file system), for an hour."""
+
+    def _before_epoch(self, system: SystemConfig, steps: int) -> None:
+        if self._epoch + 1 == 2 and self.hparams["hidden"] == 8:
+            import time
+
+            time.sleep(3600)
+        super()._before_epoch(system, steps)

@@ -92,10 +92,9 @@ def process_cluster(n_workers: int = 2, cores: int = 2) -> Iterator:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (tests_dir, os.environ.get("PYTHONPATH", "")) if p
     )
-    from flows.cluster import EPOCH_RETRIES
-
+    # As the embedded cluster: the driver, not the scheduler, retries a lost epoch.
     with dask.config.set({"distributed.worker.daemon": False,
-                          "distributed.scheduler.allowed-failures": EPOCH_RETRIES}):
+                          "distributed.scheduler.allowed-failures": 0}):
         cluster = LocalCluster(
             n_workers=n_workers, threads_per_worker=1, processes=True, host="127.0.0.1",
             dashboard_address=None, resources={"cores": cores},

@@ -19,6 +19,7 @@ SAMPLES = {
     "PipetuneError": lambda c: c("plain message"),
     "SpecError": lambda c: c("search.trials", "must be >= 1"),
     "SystemConfigError": lambda c: c("system.cores", "must be <= 2"),
+    "ConfinementError": lambda c: c("checkpoint_root", "is outside the allowed roots"),
     "WorkloadError": lambda c: c("workload broke"),
     "DatasetError": lambda c: c("file missing"),
     "GroundTruthError": lambda c: c("store corrupt"),

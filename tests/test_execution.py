@@ -102,12 +102,13 @@ def test_a_process_knob_runs_on_a_worker_started_for_it(cluster, client, tmp_pat
     import dask
 
     from pipetune.backends import DaskBackend
+    from pipetune.backends._dask import EpochFailed
 
     backend = DaskBackend(client)
     asked = SystemConfig(omp_wait_policy="active")
     # No worker advertises it yet and none was started with it: refused, saying why.
-    refused = backend.settle(*_started(backend, epoch_task(tmp_path, 7, 1, system=asked)))
-    assert refused.error is not None and "OMP_WAIT_POLICY=ACTIVE" in refused.error
+    with pytest.raises(EpochFailed, match="OMP_WAIT_POLICY=ACTIVE"):
+        backend.run(epoch_task(tmp_path, 7, 1, system=asked))
 
     spec = copy.deepcopy(cluster.new_spec)
     spec["options"]["env"] = {**spec["options"].get("env", {}), "OMP_WAIT_POLICY": "ACTIVE"}
@@ -130,10 +131,6 @@ def test_a_process_knob_runs_on_a_worker_started_for_it(cluster, client, tmp_pat
     plain = backend.run(epoch_task(tmp_path, 9, 1))
     expected = "active" if plain.address in started_for_it else "inherit"
     assert plain.actual["omp_wait_policy"] == expected
-
-
-def _started(backend, task):
-    return task, backend.start(task)
 
 
 def test_pinned_co_running_epochs_get_disjoint_cores(client, tmp_path):

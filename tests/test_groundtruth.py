@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import math
 import multiprocessing
+import os
 import pickle
+import stat
 
 import pytest
 from known import CONV_JOB, DENSE_JOB, noisy
@@ -165,16 +167,13 @@ def test_corrupt_file_is_reported_by_path_and_left_alone(gt):
     with pytest.raises(GroundTruthError, match=str(gt.path)):
         gt.record(noisy(CONV_JOB, 1), 32, "time", CORES2, 0.01)
     assert gt.path.read_text() == '{"records": [ {"features": '
-    gt.path.write_text(json.dumps({"records": [{"features": {}, "batch_size": 0}]}))
-    with pytest.raises(GroundTruthError, match="batch_size"):
+    gt.path.write_text(json.dumps({"records": [{**_valid_record(), "batch_size": 0}]}))
+    with pytest.raises(GroundTruthError, match="record 0: batch_size must be an integer"):
         len(gt)
 
 
 @pytest.mark.parametrize("mode", [0o644, 0o640, 0o600])
 def test_a_rewrite_keeps_the_files_permissions(gt, mode):
-    import os
-    import stat
-
     gt.record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
     os.chmod(gt.path, mode)
     gt.record(noisy(CONV_JOB, 1), 32, "time", CORES2, 0.02)
@@ -183,9 +182,6 @@ def test_a_rewrite_keeps_the_files_permissions(gt, mode):
 
 
 def test_a_new_store_gets_the_umask_permissions_not_0600(gt):
-    import os
-    import stat
-
     old = os.umask(0o022)
     try:
         gt.record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
@@ -218,7 +214,7 @@ def test_profiles_and_values_it_cannot_use(gt):
         gt.lookup(partial, 32, "time")
     nan_profile = Profile({**CONV_JOB, "log_flops_proxy": math.nan})
     assert not gt.lookup(nan_profile, 32, "time").hit
-    with pytest.raises(GroundTruthError, match="not finite"):
+    with pytest.raises(GroundTruthError, match="log_flops_proxy is not a finite number"):
         gt.record(nan_profile, 32, "time", CORES2, 0.01)
     with pytest.raises(GroundTruthError, match="objective"):
         gt.lookup(noisy(CONV_JOB, 1), 32, "speed")
@@ -235,6 +231,7 @@ def test_profiles_and_values_it_cannot_use(gt):
         ({"max_clusters": 0}, "pipetune.similarity.max_clusters"),
         ({"bound_factor": -1.0}, "pipetune.similarity.bound_factor"),
         ({"min_bound": 0.0}, "pipetune.similarity.min_bound"),
+        ({"max_records_per_group": 0}, "max_records_per_group"),
     ],
 )
 def test_bad_settings_name_the_field(tmp_path, kwargs, field):
@@ -282,3 +279,229 @@ def test_a_busier_machine_or_a_fresh_process_does_not_hide_a_known_job(gt):
         "ctx_switches_per_step": 30.0,
     }
     assert gt.lookup(noisy(busy, 1), 32, "time").hit
+
+
+def _valid_record(**changes) -> dict:
+    rec = {"features": {n: CONV_JOB[n] for n in CLUSTER_FEATURES}, "batch_size": 32,
+           "objective": "time", "config": CORES2.to_dict(), "cost": 0.01}
+    return {**rec, **changes}
+
+
+def _write_store(path, records) -> None:
+    path.write_text(json.dumps({"version": 1, "records": records}))
+
+
+def _records(gt) -> list[dict]:
+    return json.loads(gt.path.read_text())["records"]
+
+
+# -- validated on write ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("profile", "cost", "why"),
+    [
+        ({**CONV_JOB, "op_conv_share": math.nan}, 0.01, "op_conv_share is not a finite number"),
+        ({**CONV_JOB, "log_peak_rss_mb": -math.inf}, 0.01, "log_peak_rss_mb is not a finite"),
+        (CONV_JOB, math.nan, "cost must be a finite number >= 0, got nan"),
+        (CONV_JOB, math.inf, "cost must be a finite number >= 0, got inf"),
+        (CONV_JOB, -1.0, "cost must be a finite number >= 0, got -1.0"),
+        ({k: v for k, v in CONV_JOB.items() if k != "op_data_share"}, 0.01, "lacks features"),
+    ],
+)
+def test_a_record_that_would_not_read_back_is_refused_and_nothing_written(
+    gt, profile, cost, why
+):
+    gt.record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
+    before = gt.path.read_bytes()
+    with pytest.raises(GroundTruthError, match=why):
+        gt.record(Profile(profile), 32, "time", CORES2, cost)
+    assert gt.path.read_bytes() == before and gt.check() == 1
+
+
+@pytest.mark.parametrize(
+    ("features", "named"),
+    [
+        ({n: CONV_JOB[n] for n in CLUSTER_FEATURES if n != "op_data_share"},
+         "missing ['op_data_share']"),
+        ({**{n: CONV_JOB[n] for n in CLUSTER_FEATURES}, "gpu_util": 0.5}, "extra ['gpu_util']"),
+    ],
+)
+def test_a_store_of_another_dimension_refuses_new_records(gt, features, named):
+    _write_store(gt.path, [_valid_record(features=features)])
+    before = gt.path.read_bytes()
+    with pytest.raises(GroundTruthError, match=r"record 0: features differ") as info:
+        gt.record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
+    assert named in str(info.value)
+    assert gt.path.read_bytes() == before
+    with pytest.raises(GroundTruthError, match="features differ"):
+        gt.lookup(noisy(CONV_JOB, 0), 32, "time")
+
+
+def test_a_corrupt_store_names_the_first_problem_and_the_repair_command(gt):
+    _write_store(gt.path, [_valid_record(), _valid_record(cost=math.nan), "junk"])
+    with pytest.raises(GroundTruthError) as info:
+        gt.check()
+    message = str(info.value)
+    assert message.startswith(f"{gt.path}: not a valid ground-truth file (record 1: cost")
+    assert "and 1 more bad record(s)" in message
+    assert f"`pipetune groundtruth repair --path {gt.path}`" in message
+
+
+# -- audit and repair -----------------------------------------------------------------
+
+
+def test_audit_lists_every_bad_record_with_its_index_and_why(gt):
+    assert gt.audit().ok and gt.audit().records == 0 and not gt.path.exists()
+    _write_store(gt.path, [
+        _valid_record(),
+        _valid_record(cost=math.nan),
+        _valid_record(),
+        {"features": {}},
+        _valid_record(objective="speed"),
+        _valid_record(features={**_valid_record()["features"], "op_conv_share": 10**400}),
+    ])
+    found = gt.audit()
+    assert not found.ok and found.records == 6 and found.unreadable is None
+    assert [i for i, _ in found.bad] == [1, 3, 4, 5]
+    assert found.problems == [
+        "record 1: cost must be a finite number >= 0, got nan",
+        "record 3: lacks batch_size, objective, config, cost",
+        "record 4: objective must be one of ('time', 'energy'), got 'speed'",
+        f"record 5: feature op_conv_share is not a finite number ({10**400!r})",
+    ]
+
+
+def test_audit_of_a_file_that_is_not_a_ground_truth(gt):
+    gt.path.write_text('{"records": [')
+    found = gt.audit()
+    assert not found.ok and found.records == 0 and found.unreadable
+    assert found.problems == [f"not a ground-truth file: {found.unreadable}"]
+    gt.path.write_text(json.dumps({"records": {}}))
+    assert "'records' list" in gt.audit().unreadable
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o600])
+def test_repair_backs_up_then_keeps_the_valid_records_and_the_mode(gt, mode):
+    gt.record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
+    gt.record(noisy(CONV_JOB, 1), 32, "time", CORES2, 0.02)
+    good = _records(gt)
+    _write_store(gt.path, [good[0], {**good[1], "cost": -1}, good[1], "junk"])
+    os.chmod(gt.path, mode)
+    before = gt.path.read_bytes()
+
+    done = gt.repair()
+    assert done.kept == 2 and [i for i, _ in done.found.bad] == [1, 3] and done.moved is None
+    assert done.backup == gt.backup_path and gt.backup_path.read_bytes() == before
+    assert _records(gt) == good
+    assert stat.S_IMODE(gt.path.stat().st_mode) == mode
+    assert stat.S_IMODE(gt.backup_path.stat().st_mode) == mode
+    assert gt.check() == 2 and gt.lookup(noisy(CONV_JOB, 2), 32, "time").hit
+
+
+def test_repair_moves_an_unparseable_file_aside_and_starts_an_empty_store(gt):
+    text = '{"records": [ {"features": '
+    gt.path.write_text(text)
+    os.chmod(gt.path, 0o640)
+    done = gt.repair()
+    assert done.kept == 0 and done.found.unreadable
+    assert done.moved.parent == gt.path.parent
+    assert done.moved.name.startswith("gt.json.corrupt-") and done.moved.read_text() == text
+    assert gt.backup_path.read_text() == text
+    assert stat.S_IMODE(gt.path.stat().st_mode) == 0o640
+    assert gt.check() == 0
+    gt.record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
+    assert len(gt) == 1
+    # Corrupt again in the same second: the first set-aside copy is not overwritten.
+    gt.path.write_text("{")
+    again = gt.repair()
+    assert again.moved != done.moved and done.moved.read_text() == text
+
+
+def test_repair_leaves_a_valid_store_alone(gt):
+    assert gt.repair().backup is None and not gt.path.exists()
+    gt.record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
+    before = gt.path.read_bytes()
+    done = gt.repair()
+    assert done.found.ok and done.kept == 1 and done.backup is None and done.moved is None
+    assert gt.path.read_bytes() == before and not gt.backup_path.exists()
+
+
+def test_repair_refuses_a_store_from_a_newer_pipetune(gt):
+    text = json.dumps({"version": 99, "records": ["whatever it means there"]})
+    gt.path.write_text(text)
+    with pytest.raises(GroundTruthError, match="newer pipetune"):
+        gt.repair()
+    assert gt.path.read_text() == text and not gt.backup_path.exists()
+
+
+# -- one fit per version of the store -------------------------------------------------
+
+
+class CountingGroundTruth(GroundTruth):
+    """Counts its k-means fits."""
+
+    fits = 0
+
+    def _fit_records(self, records, key):
+        self.fits += 1
+        return super()._fit_records(records, key)
+
+
+def test_lookups_refit_only_when_the_stores_content_changed(gt):
+    writer = GroundTruth(gt.path)
+    for seed in range(3):
+        writer.record(noisy(CONV_JOB, seed), 32, "time", CORES2, 0.01)
+    reader = CountingGroundTruth(gt.path)
+    for seed in range(5):
+        assert reader.lookup(noisy(CONV_JOB, 10 + seed), 32, "time").hit
+    assert reader.entries() and reader.clusters()
+    assert reader.fits == 1
+
+    gt.path.write_bytes(gt.path.read_bytes())  # rewritten and touched, same content
+    later = gt.path.stat().st_mtime_ns + 10**9
+    os.utime(gt.path, ns=(later, later))
+    assert reader.lookup(noisy(CONV_JOB, 20), 32, "time").hit
+    assert reader.fits == 1
+
+    writer.record(noisy(DENSE_JOB, 0), 64, "time", WORKERS1, 0.002)  # from elsewhere
+    assert reader.lookup(noisy(DENSE_JOB, 1), 64, "time").hit
+    assert reader.lookup(noisy(CONV_JOB, 21), 32, "time").hit
+    assert reader.fits == 2
+
+    # Its own record is fitted once, by the background fit or by the lookup, not both.
+    reader.record(noisy(CONV_JOB, 22), 32, "energy", CORES2, 1.0)
+    assert reader.lookup(noisy(CONV_JOB, 23), 32, "energy").hit
+    assert reader.lookup(noisy(CONV_JOB, 24), 32, "energy").hit
+    assert reader.fits == 3
+
+
+# -- bounded growth -------------------------------------------------------------------
+
+
+def test_a_group_is_capped_and_its_best_record_survives(tmp_path):
+    gt = GroundTruth(tmp_path / "gt.json", max_records_per_group=3)
+    gt.record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.5, trial="best")
+    # Other groups: another job, another bucket, another objective.
+    gt.record(noisy(DENSE_JOB, 0), 32, "time", WORKERS1, 0.1, trial="dense")
+    gt.record(noisy(CONV_JOB, 1), 64, "time", WORKERS1, 0.1, trial="bucket64")
+    gt.record(noisy(CONV_JOB, 2), 32, "energy", WORKERS1, 0.1, trial="energy")
+    for i in range(6):
+        gt.record(noisy(CONV_JOB, 10 + i), 32, "time", WORKERS1, 1.0 + i, trial=f"w{i}")
+        in_group = [r for r in _records(gt) if r["trial"] == "best" or r["trial"][0] == "w"]
+        assert len(in_group) == min(3, 2 + i)
+    assert [r["trial"] for r in _records(gt)] == [
+        "best", "dense", "bucket64", "energy", "w4", "w5"
+    ]
+    match = gt.lookup(noisy(CONV_JOB, 99), 32, "time")
+    assert match.config == CORES2 and match.cost == 0.5
+
+
+def test_the_oldest_records_go_first_and_a_cheaper_newcomer_stays(tmp_path):
+    gt = GroundTruth(tmp_path / "gt.json", max_records_per_group=2)
+    for i in range(4):  # every record chose the best config: the oldest go
+        gt.record(noisy(CONV_JOB, i), 32, "time", CORES2, 1.0 + i, trial=f"c{i}")
+    assert [r["trial"] for r in _records(gt)] == ["c2", "c3"]
+    gt.record(noisy(CONV_JOB, 9), 32, "time", WORKERS1, 0.5, trial="cheap")
+    assert [r["trial"] for r in _records(gt)] == ["c3", "cheap"]
+    assert gt.lookup(noisy(CONV_JOB, 99), 32, "time").config == WORKERS1

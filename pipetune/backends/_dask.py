@@ -11,17 +11,25 @@ worker is free; otherwise to a free worker, which rebuilds it from the checkpoin
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
+import queue
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from typing import TYPE_CHECKING, Any
 
-from distributed import as_completed, fire_and_forget, get_worker
+from distributed import fire_and_forget, get_worker
 
 from pipetune.backends._base import EpochBackend, EpochOutcome, describe
 from pipetune.system.config import PROCESS_KNOBS, process_resource
+
+logger = logging.getLogger(__name__)
+
+#: How many times the driver sends an epoch again after its worker died, counting any
+#: retries the scheduler makes itself (``distributed.scheduler.allowed-failures``).
+EPOCH_RETRIES = 1
 
 if TYPE_CHECKING:
     from distributed import Client, Future
@@ -64,38 +72,75 @@ def remote_release(study_id: str, trial_id: int | None) -> int:
 
 # -- the driver side ---------------------------------------------------------------------
 
+@dataclasses.dataclass
+class _Sent:
+    """An epoch on the cluster: its future, the worker chosen, when it was sent."""
+
+    task: EpochTask
+    future: Future
+    worker: str | None
+    sent: float
+
+
 class DaskBackend(EpochBackend):
     """Submits epochs to ``client``'s cluster, each claiming ``resources={"cores": n}``.
 
-    Use :meth:`submit` / :meth:`wait`, or call :meth:`run` from several threads (the
-    Prefect flow does: one task run per epoch, each driving one Dask future).
+    The driver places every epoch itself, and sends it only to a worker with a free
+    thread and the cores it asks for (an epoch queued inside a worker behind another
+    would share that worker's fate: Dask counts a death against every task assigned
+    to the dying worker). Until then it waits here. Hence:
+
+    * **worker loss**: an epoch whose worker died is sent once more (``retries``),
+      to a free worker, from the trial's last checkpoint; dying again fails its
+      trial as ``worker died: ...``. On a cluster whose scheduler retries itself
+      (``distributed.scheduler.allowed-failures`` > 0) the driver does not add more.
+    * **timeouts**: an epoch running longer than its task's ``timeout_s`` (counted
+      from when it was sent to its free worker, not from its queueing here) fails its
+      trial with the reason; its worker is restarted, since a thread stuck in a data
+      loader cannot be stopped otherwise, and its cores would stay taken.
+    * an epoch **no worker can ever run** (more cores than any worker has, a process
+      knob no worker advertises) fails at once, saying why, instead of waiting.
     """
 
     WORKERS_TTL_S = 2.0
+    #: How often the driver looks again when an epoch waits for a free worker.
+    POLL_S = 0.1
+    #: How long the driver waits for a cluster with no worker at all.
+    NO_WORKER_S = 120.0
 
-    def __init__(self, client: Client):
+    def __init__(self, client: Client, retries: int | None = None):
         self.client = client
-        self._lock = threading.Lock()
+        if retries is None:
+            dask_retries = client.run_on_scheduler(_allowed_failures)
+            retries = max(0, EPOCH_RETRIES - dask_retries)
+        self.retries = retries
+        self._lock = threading.RLock()
         self._home: dict[tuple[str, int], str] = {}
-        self._busy: Counter[str] = Counter()
-        self._chosen: dict[str, str | None] = {}  # future key -> worker it was sent to
-        self._running: dict[str, tuple[EpochTask, Future]] = {}
-        self._completed = as_completed(loop=client.loop)
+        self._queue: deque[EpochTask] = deque()
+        self._sent: dict[str, _Sent] = {}
+        self._done: queue.SimpleQueue[Future] = queue.SimpleQueue()
+        self._ready: deque[EpochOutcome] = deque()
+        self._deaths: Counter[tuple[str, int, int]] = Counter()
         self._workers_cache: dict[str, dict[str, float]] = {}
+        self._threads: dict[str, int] = {}
         self._cpus_in_use: dict[str, set[int]] = {}
         self._workers_at = -math.inf
+        self._no_worker_since: float | None = None
         #: (trial, epoch) -> the worker it was sent to and why, for tests and reports.
         self.placements: dict[tuple[int, int], tuple[str | None, str]] = {}
+        #: (trial, epoch) of every epoch sent again after its worker died.
+        self.resent: list[tuple[int, int]] = []
 
     # -- placement -------------------------------------------------------------------
-    def _workers(self) -> dict[str, dict[str, float]]:
+    def _workers(self, fresh: bool = False) -> dict[str, dict[str, float]]:
         """The cluster's workers and the resources each advertises, asked of the
         scheduler at most every :attr:`WORKERS_TTL_S` (each ask is a round trip)."""
         now = time.monotonic()
-        if now - self._workers_at > self.WORKERS_TTL_S:
+        if fresh or now - self._workers_at > self.WORKERS_TTL_S:
             info = self.client.scheduler_info(n_workers=-1).get("workers", {})
             self._workers_cache = {addr: dict(w.get("resources") or {})
                                    for addr, w in sorted(info.items())}
+            self._threads = {addr: int(w.get("nthreads") or 1) for addr, w in info.items()}
             self._workers_at = now
         return self._workers_cache
 
@@ -111,19 +156,40 @@ class DaskBackend(EpochBackend):
                 resources[name] = 1
         return resources
 
+    def _never(self, task: EpochTask, workers: dict[str, dict[str, float]],
+               resources: dict[str, float]) -> tuple[str, str] | None:
+        """(field, why) when no worker of the cluster could ever run ``task``."""
+        needs = [k for k in resources if k != "cores"]
+        if needs and not any(all(r.get(k, 0) for k in needs) for r in workers.values()):
+            field = "system." + ",".join(sorted(k.split(":")[0] for k in needs))
+            return field, (f"no worker of the cluster advertises {', '.join(needs)}: "
+                           "start one with that environment")
+        most = max((r.get("cores", 0) for r in workers.values()), default=0)
+        if task.system.cores > most:
+            return "system.cores", (f"{task.system.cores} cores asked, but the cluster's "
+                                    f"largest worker advertises {most:g} (resource 'cores')")
+        return None
+
     def _choose(self, task: EpochTask, workers: dict[str, dict[str, float]],
                 resources: dict[str, float]) -> tuple[str | None, str]:
-        able = [w for w, res in workers.items()
-                if all(res.get(k, 0) >= v for k, v in resources.items() if k != "cores")]
+        used_cores: Counter[str] = Counter()
+        used_threads: Counter[str] = Counter()
+        for sent in self._sent.values():
+            if sent.worker:
+                used_cores[sent.worker] += sent.task.system.cores
+                used_threads[sent.worker] += 1
+        free = [w for w, res in workers.items()
+                if all(res.get(k, 0) >= v for k, v in resources.items() if k != "cores")
+                and res.get("cores", 0) - used_cores[w] >= task.system.cores
+                and self._threads.get(w, 1) > used_threads[w]]
         home = self._home.get((task.study_id, task.trial_id))
-        if home in able and self._busy[home] == 0:
+        if home in free:
             return home, "holds the model"
-        free = [w for w in able if self._busy[w] == 0]
         if free:
             # Prefer a worker no live trial calls home, so models are not pushed out.
             homes = set(self._home.values())
             free.sort(key=lambda w: (w in homes, w))
-            return free[0], "home busy" if home in able else "new trial"
+            return free[0], "home busy" if home in workers else "new trial"
         return None, "no free worker"
 
     def _pin(self, task: EpochTask, worker: str | None,
@@ -140,54 +206,102 @@ class DaskBackend(EpochBackend):
         used.update(chosen)
         return chosen
 
-    def start(self, task: EpochTask) -> Future:
-        """Send ``task`` to the cluster now; return its Dask future."""
+    def _dispatch(self) -> None:
+        """Send every queued epoch that has a free worker now; refuse the impossible."""
         with self._lock:
-            workers = self._workers()
-            resources = self._resources(task, workers)
-            worker, why = self._choose(task, workers, resources)
-            key = f"{task.name}-{task.phase.value}-{uuid.uuid4().hex[:8]}"
-            needs = [k for k in resources if k != "cores"]
-            if needs and not any(all(r.get(k, 0) for k in needs) for r in workers.values()):
-                field = "system." + ",".join(sorted(k.split(":")[0] for k in needs))
-                future = self.client.submit(
-                    remote_refuse, field, f"no worker of the cluster advertises "
-                    f"{', '.join(needs)}: start one with that environment", key=key, pure=False)
-            else:
+            if not self._queue:
+                return
+            workers = self._workers(fresh=time.monotonic() - self._workers_at > self.POLL_S)
+            if not workers:
+                self._no_worker_since = self._no_worker_since or time.monotonic()
+                if time.monotonic() - self._no_worker_since > self.NO_WORKER_S:
+                    while self._queue:
+                        self._ready.append(EpochOutcome(self._queue.popleft(), error=(
+                            f"no worker: the cluster has had no worker for "
+                            f"{self.NO_WORKER_S:.0f} s")))
+                return
+            self._no_worker_since = None
+            for task in list(self._queue):
+                resources = self._resources(task, workers)
+                never = self._never(task, workers, resources)
+                if never is not None:
+                    self._queue.remove(task)
+                    self._send(task, None, "refused", remote_refuse, *never)
+                    continue
+                worker, why = self._choose(task, workers, resources)
+                if worker is None:
+                    continue
+                self._queue.remove(task)
                 cpus = self._pin(task, worker, workers)
                 if cpus:
                     task = dataclasses.replace(task, cpus=cpus)
-                future = self.client.submit(
-                    remote_epoch, task, key=key, pure=False, resources=resources,
-                    **_placed_on(worker),
-                )
-            if worker:
-                self._busy[worker] += 1
-            self._chosen[key] = worker
-            self._running[key] = (task, future)
-            self.placements[(task.trial_id, task.epoch)] = (worker, why)
-        return future
+                self._send(task, worker, why, remote_epoch, task, resources=resources,
+                           **_placed_on(worker))
 
-    def settle(self, task: EpochTask, future: Future) -> EpochOutcome:
-        """Block until ``future`` is done; return its outcome and update placement."""
+    def _send(self, task: EpochTask, worker: str | None, why: str, fn: Any, *args: Any,
+              **options: Any) -> None:
+        key = f"{task.name}-{task.phase.value}-{uuid.uuid4().hex[:8]}"
+        future = self.client.submit(fn, *args, key=key, pure=False, **options)
+        self._sent[key] = _Sent(task, future, worker, time.monotonic())
+        self.placements[(task.trial_id, task.epoch)] = (worker, why)
+        future.add_done_callback(self._done.put)
+
+    # -- outcomes --------------------------------------------------------------------
+    def _settle(self, future: Future) -> EpochOutcome | None:
+        """The outcome of a finished future, or None when it is not one (any more) or
+        its epoch was sent again after its worker died."""
+        from distributed.scheduler import KilledWorker
+
+        with self._lock:
+            sent = self._sent.pop(future.key, None)
+            if sent is None:  # timed out, or cancelled: already answered
+                return None
+            task = sent.task
+            if sent.worker:
+                self._cpus_in_use.get(_host(sent.worker), set()).difference_update(task.cpus)
         try:
             result = future.result()
-            outcome = EpochOutcome(task, result=result)
         except BaseException as exc:  # noqa: BLE001 - KilledWorker, CancelledError, ...
             if isinstance(exc, KeyboardInterrupt | SystemExit):
                 raise
-            outcome = EpochOutcome(task, error=self._why(exc))
+            with self._lock:
+                if isinstance(exc, KilledWorker):
+                    self._workers_at = -math.inf  # the dead worker must not be chosen
+                    ident = _ident(task)
+                    self._deaths[ident] += 1
+                    self._home.pop((task.study_id, task.trial_id), None)
+                    if self._deaths[ident] <= self.retries:
+                        self.resent.append((task.trial_id, task.epoch))
+                        self._queue.appendleft(dataclasses.replace(task, cpus=()))
+                        return None
+            return EpochOutcome(task, error=self._why(exc, self._deaths[_ident(task)]))
+        finally:
+            # Let go of the result on the cluster at once: a future still held when its
+            # worker dies would have Dask run the finished epoch again elsewhere.
+            future.release()
         with self._lock:
-            worker = self._chosen.pop(future.key, None)
-            self._running.pop(future.key, None)
-            if worker:
-                self._busy[worker] -= 1
-                self._cpus_in_use.get(_host(worker), set()).difference_update(task.cpus)
-            if outcome.result is not None and outcome.result.address:
-                self._home[(task.study_id, task.trial_id)] = outcome.result.address
-        return outcome
+            if result.address:
+                self._home[(task.study_id, task.trial_id)] = result.address
+        return EpochOutcome(task, result=result)
 
-    def _why(self, exc: BaseException) -> str:
+    def _reroute(self) -> None:
+        """Queue again every epoch sent to a worker that has gone since (sent from a
+        stale worker list): Dask would hold it for that worker for ever."""
+        with self._lock:
+            if not self._sent:
+                return
+            workers = self._workers(fresh=True)
+            now = time.monotonic()
+            lost = [s for s in self._sent.values()
+                    if s.worker and s.worker not in workers and s.future.status == "pending"
+                    and now - s.sent > self.POLL_S * 10]
+            for sent in lost:
+                del self._sent[sent.future.key]
+                self._queue.appendleft(dataclasses.replace(sent.task, cpus=()))
+        if lost:
+            self.client.cancel([s.future for s in lost], force=True)
+
+    def _why(self, exc: BaseException, deaths: int) -> str:
         """The reason a failed epoch gives its trial: a worker that died (killed, or
         restarted by its nanny over its memory limit) is named as such."""
         from distributed.scheduler import KilledWorker
@@ -198,29 +312,70 @@ class DaskBackend(EpochBackend):
                   self.client.scheduler_info(n_workers=-1).get("workers", {}).values()}
         limit = (f"; each worker's memory limit is {max(limits) / 2**30:.1f} GiB, a worker "
                  "past 95% of it is restarted" if limits and all(limits) else "")
-        return f"worker died: every worker that ran this epoch died while running it{limit} " \
-               f"({describe(exc)})"
+        runs = f"all {deaths} workers that ran this epoch" if deaths > 1 else "its worker"
+        return f"worker died: {runs} died while running it{limit}"
+
+    def _time_out(self) -> None:
+        """Fail every epoch past its timeout, and restart the worker it hangs on."""
+        now = time.monotonic()
+        with self._lock:
+            late = [s for s in self._sent.values()
+                    if s.task.timeout_s is not None and now - s.sent > s.task.timeout_s]
+            for sent in late:
+                del self._sent[sent.future.key]
+                self._home.pop((sent.task.study_id, sent.task.trial_id), None)
+                self._ready.append(EpochOutcome(sent.task, error=(
+                    f"timeout: the epoch ran longer than its {sent.task.timeout_s:g} s "
+                    "(workload.epoch_timeout_s); its worker was restarted to free its cores")))
+        for sent in late:
+            self.client.cancel([sent.future], force=True)
+            if sent.worker:
+                try:
+                    self.client.restart_workers([sent.worker], raise_for_error=False)
+                except Exception as exc:  # noqa: BLE001 - a worker without a nanny
+                    logger.warning("could not restart worker %s after a timeout: %s",
+                                   sent.worker, describe(exc))
+
+    def _next(self, want: EpochTask | None = None) -> EpochOutcome:
+        """The next finished epoch (with ``want``: that one's, keeping others for later)."""
+        while True:
+            with self._lock:
+                for outcome in list(self._ready):
+                    if want is None or _ident(outcome.task) == _ident(want):
+                        self._ready.remove(outcome)
+                        return outcome
+            self._dispatch()
+            try:
+                future = self._done.get(timeout=self.POLL_S if self._queue else 1.0)
+            except queue.Empty:
+                self._time_out()
+                self._reroute()
+                continue
+            outcome = self._settle(future)
+            if outcome is not None:
+                with self._lock:
+                    self._ready.append(outcome)
+            self._time_out()
+
+    # -- the EpochBackend interface ------------------------------------------------------
+    def submit(self, task: EpochTask) -> None:
+        """Queue ``task``; it is sent as soon as a worker is free for it."""
+        with self._lock:
+            self._queue.append(task)
+        self._dispatch()
+
+    def wait(self) -> EpochOutcome:
+        return self._next()
 
     def run(self, task: EpochTask) -> EpochResult:
-        """Run one epoch and wait for it; raise :class:`EpochFailed` if it failed."""
-        outcome = self.settle(task, self.start(task))
+        """Run one epoch and wait for it (others finishing meanwhile are kept for
+        :meth:`wait`); raise :class:`EpochFailed` if it failed."""
+        self.submit(task)
+        outcome = self._next(task)
         if outcome.error is not None:
             raise EpochFailed(outcome.error)
         assert outcome.result is not None
         return outcome.result
-
-    # -- the EpochBackend interface ------------------------------------------------------
-    def submit(self, task: EpochTask) -> Future:
-        """Send ``task`` now; :meth:`wait` returns it when done. Returns its future."""
-        future = self.start(task)
-        self._completed.add(future)
-        return future
-
-    def wait(self) -> EpochOutcome:
-        future = next(self._completed)
-        with self._lock:
-            task, _ = self._running[future.key]
-        return self.settle(task, future)
 
     def release(self, study_id: str, trial_id: int | None = None) -> None:
         with self._lock:
@@ -240,7 +395,9 @@ class DaskBackend(EpochBackend):
 
     def cancel(self) -> None:
         with self._lock:
-            futures = [f for _, f in self._running.values()]
+            self._queue.clear()
+            futures = [s.future for s in self._sent.values()]
+            self._sent.clear()
         if futures:
             self.client.cancel(futures, force=True)
 
@@ -250,6 +407,15 @@ class DaskBackend(EpochBackend):
             remote_evaluate, task, checkpoint, pure=False,
             resources={"cores": task.system.cores}, **_placed_on(home),
         ).result()
+
+
+def _ident(task: EpochTask) -> tuple[str, int, int]:
+    return task.study_id, task.trial_id, task.epoch
+
+
+def _allowed_failures(dask_scheduler: Any) -> int:
+    """How many worker deaths the scheduler forgives a task (run on the scheduler)."""
+    return int(dask_scheduler.allowed_failures)
 
 
 def _host(address: str) -> str:

@@ -13,6 +13,7 @@ import importlib
 import inspect
 from typing import Any
 
+from pipetune import confine
 from pipetune.errors import WorkloadError
 from pipetune.workloads._base import StepHook, TrainStats, Workload
 
@@ -66,7 +67,9 @@ def resolve_workload(name: str) -> type[Workload]:
 
     Raises :class:`WorkloadError` with a one-line reason: an unknown name (listing the
     built-ins), a module that fails to import, a missing attribute, or something that
-    is not a concrete Workload subclass.
+    is not a concrete Workload subclass. Inside :func:`pipetune.confine.enforced`, an
+    import path whose module that policy does not allow raises
+    :class:`~pipetune.errors.ConfinementError` before anything is imported.
     """
     if not isinstance(name, str) or not name.strip():
         raise WorkloadError(
@@ -81,6 +84,9 @@ def resolve_workload(name: str) -> type[Workload]:
             f"unknown workload {name!r}; built-ins: {', '.join(BUILTIN_WORKLOADS)}, "
             f"or give an import path package.module:Class"
         )
+    policy = confine.active()
+    if policy is not None:  # a deployment run: refuse a module it may not import, unrun
+        policy.check_workload(name)
     obj = _import_path(name, name)
     if not (inspect.isclass(obj) and issubclass(obj, Workload)):
         raise WorkloadError(
