@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NoReturn
 
 logger = logging.getLogger(__name__)
 
@@ -389,7 +389,7 @@ def _unpack(value_b: bytes, error_b: bytes | None) -> tuple[Any, BaseException |
         return None, error or SidecarError(f"the reply cannot be read here: {e}")
 
 
-def main(preload: list[str]) -> int:
+def main(preload: list[str]) -> NoReturn:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us after its writes
     inp = sys.stdin.buffer
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
@@ -442,10 +442,16 @@ def main(preload: list[str]) -> int:
         logger.warning("recorder: writes still pending after %s s; exiting", DRAIN_S)
         sys.stderr.flush()
         os._exit(1)
-    return 0
+    # Everything sent is written: leave without the interpreter's teardown of mlflow,
+    # prefect and pandas (1-2 s the parent's exit waited for).
+    logging.shutdown()
+    out.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":  # run as pipetune.sidecar, so its errors unpickle in the parent
     from pipetune.sidecar import main as _main
 
-    sys.exit(_main(sys.argv[1:]))
+    _main(sys.argv[1:])
