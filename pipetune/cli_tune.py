@@ -140,6 +140,10 @@ def _run_tune(args: argparse.Namespace) -> int:
             from pipetune.journal import find_study, studies_root
 
             find_study(studies_root(), args.resume, spec.name)
+        elif spec.pipetune.enabled:  # a corrupt ground truth: one line now, not a failed flow
+            from pipetune.groundtruth import GroundTruth
+
+            GroundTruth(None).check()
         startup_marks.mark("job checked")
         job["spec"] = spec
         job["tracking_uri"] = args.tracking_uri or default_tracking_uri()

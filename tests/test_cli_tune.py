@@ -57,6 +57,21 @@ def test_a_broken_job_file_exits_2_naming_the_field(tmp_path):
     assert not (tmp_path / "mlflow.db").exists()
 
 
+def test_a_corrupt_ground_truth_stops_tune_before_it_records_anything(tmp_path, job_file):
+    import json
+
+    gt = tmp_path / "home" / "groundtruth.json"
+    gt.parent.mkdir()
+    raw = json.dumps({"version": 1, "records": [{"features": {}, "cost": "NaN"}]})
+    gt.write_text(raw)
+    proc = run(["tune", str(job_file)], tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "pipetune groundtruth repair" in proc.stderr
+    assert not (tmp_path / "mlflow.db").exists()
+    assert not (tmp_path / "home" / "studies").exists()
+    assert gt.read_text() == raw  # left as it was
+
+
 @pytest.mark.slow
 def test_tune_on_the_embedded_default_then_groundtruth_commands(tmp_path, job_file):
     proc = run(["tune", str(job_file), "--trials", "2"], tmp_path)

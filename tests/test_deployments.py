@@ -333,9 +333,9 @@ def deployed(tmp_path_factory):
         }
 
 
-def run_and_wait(deployed, name: str, limit_s: float = 400.0):
+def run_and_wait(deployed, name: str, *options: str, limit_s: float = 400.0):
     """``prefect deployment run NAME`` as the README does, then the finished flow run."""
-    done = deployed["prefect"]("deployment", "run", name)
+    done = deployed["prefect"]("deployment", "run", name, *options)
     flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", done.stdout).group(1)
     deadline = time.monotonic() + limit_s  # a guard against a hung run, not a measurement
     with prefect_client(deployed["api_url"]) as client:
@@ -440,6 +440,22 @@ def test_bad_parameters_are_refused_when_the_run_is_created(deployed, two_runs):
             assert f"field '{field}'" in refused.value.response.json()["detail"]
         assert {r.id for r in client.read_flow_runs()} == runs_before
     assert set(parent_runs(deployed["tracking_uri"])) == mlflow_before
+
+
+@pytest.mark.slow
+def test_a_deployment_run_naming_a_path_outside_the_allowed_roots_is_refused(
+        deployed, two_runs, tmp_path):
+    """The worker allows its PIPETUNE_HOME and working folder; a run asking to write
+    checkpoints elsewhere fails naming the parameter, and records nothing."""
+    mlflow_before = set(parent_runs(deployed["tracking_uri"]))
+    outside = tmp_path / "elsewhere"
+    run = run_and_wait(deployed, "pipetune-study/tiny-synthetic",
+                       "-p", f"checkpoint_root={outside}")
+    assert run.state.is_failed()
+    assert "checkpoint_root" in run.state.message and "outside the allowed roots" in \
+        run.state.message, run.state.message
+    assert set(parent_runs(deployed["tracking_uri"])) == mlflow_before
+    assert not outside.exists()
 
 
 @pytest.mark.slow
