@@ -29,7 +29,7 @@ def _strategies(text: str | None) -> list[str]:
 
 def run_bench_command(args: argparse.Namespace) -> int:
     from pipetune.bench import load_bench_job
-    from pipetune.cli_tune import _quiet_defaults
+    from pipetune.cli import quiet_defaults
     from pipetune.home import pipetune_home
     from pipetune.prefect_server import prefect_api
     from pipetune.tracking import default_tracking_uri, ensure_experiment
@@ -44,7 +44,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         + (["--strategies", args.strategies] if args.strategies else [])
         + (["--no-oracle"] if args.no_oracle else [])
     )
-    _quiet_defaults()
+    quiet_defaults()
     tracking_uri = args.tracking_uri or default_tracking_uri()
     print(f"bench {job.spec.name}: data {job.data}; results in {out}", file=sys.stderr)
     with prefect_api(pipetune_home() / "prefect-server.log"):

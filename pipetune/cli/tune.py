@@ -1,4 +1,4 @@
-"""``pipetune tune``, ``pipetune ui`` and ``pipetune groundtruth``.
+"""``pipetune tune``.
 
 The CLI is the one place in ``pipetune/`` that may reach Prefect, and only lazily:
 ``tune`` imports ``flows.study`` after the job file has been validated and the local
@@ -12,18 +12,13 @@ import contextlib
 import importlib
 import os
 import re
-import shlex
 import signal
 import sys
 import threading
 import time
-from pathlib import Path
-from typing import TYPE_CHECKING
 
+from pipetune.cli import quiet_defaults
 from pipetune.errors import PipetuneError, SpecError, Stopped
-
-if TYPE_CHECKING:
-    from pipetune.groundtruth import GroundTruth
 
 _DASK_ADDRESS = re.compile(r"^(tcp|tls|inproc|ucx)://[^\s:/]+(:\d+)?$")
 
@@ -42,14 +37,6 @@ def _check_options(args: argparse.Namespace) -> None:
             "must be an MLflow tracking URI (sqlite:///path.db, http://host:port, file:///dir, ...)"
             f", got {args.tracking_uri!r}",
         )
-
-
-def _quiet_defaults() -> None:
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
 
 
 class _Startup:
@@ -114,7 +101,7 @@ def _run_tune(args: argparse.Namespace) -> int:
 
     startup_marks = _Startup()
     _check_options(args)
-    _quiet_defaults()
+    quiet_defaults()
     # The Prefect server (a process of its own) is launched first; the job is checked
     # while it boots (a bad one stops it again: exit 2, nothing recorded); then the
     # embedded cluster (its fork server importing torch once for every worker), the
@@ -321,7 +308,7 @@ def _print_summary(summary: dict, metric: str, api_url: str, server) -> None:
         print(f"Prefect: flow runs at {api_url.removesuffix('/api')}")
 
 
-def _add_tune(subparsers: argparse._SubParsersAction) -> None:
+def add_tune(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "tune", help="tune a job with PipeTune on Prefect + Dask, recorded in MLflow",
         description="Tune JOB.yaml. With no PREFECT_API_URL set, a local Prefect server is "
@@ -343,108 +330,3 @@ def _add_tune(subparsers: argparse._SubParsersAction) -> None:
 
 
 # -- ui ----------------------------------------------------------------------------------
-
-
-def run_ui(args: argparse.Namespace) -> int:
-    import subprocess
-
-    from pipetune.tracking import default_tracking_uri
-
-    uri = args.tracking_uri or default_tracking_uri()
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
-        raise PipetuneError(f"no MLflow store at {uri}: run `pipetune tune JOB.yaml` here first")
-    mlflow_bin = Path(sys.executable).with_name("mlflow")
-    cmd = [str(mlflow_bin if mlflow_bin.exists() else "mlflow"), "ui",
-           "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
-    print(f"MLflow UI on http://{args.host}:{args.port} (store {uri}); Ctrl-C stops it",
-          file=sys.stderr)
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
-    try:
-        return subprocess.call(cmd, env=env)
-    except KeyboardInterrupt:
-        return 0
-
-
-def _add_ui(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("ui", help="open the MLflow UI on the study store")
-    p.add_argument("--tracking-uri", default=None)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=5000)
-    p.set_defaults(run=run_ui)
-
-
-# -- groundtruth --------------------------------------------------------------------------
-
-
-def run_groundtruth(args: argparse.Namespace) -> int:
-    from pipetune.groundtruth import GroundTruth
-
-    gt = GroundTruth(args.path)
-    if args.action == "list":
-        entries = gt.entries()
-        print(f"ground truth at {gt.path}: {len(gt)} records, {len(entries)} best configs")
-        for c in gt.clusters():
-            print(f"cluster {c['id']}: {c['size']} profiles, radius {c['radius']:.3f}")
-        for e in entries:
-            print(f"  cluster {e.cluster} batch~{e.bucket} {e.objective}: [{e.config.label()}] "
-                  f"cost {e.cost:.3g}/sample, support {e.support}")
-        return 0
-    if args.action == "check":
-        return _check_groundtruth(gt)
-    if args.action == "repair":
-        return _repair_groundtruth(gt)
-    if not args.yes:
-        answer = input(f"empty the ground truth at {gt.path} ({len(gt)} records)? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            print("left as it was")
-            return 1
-    removed = gt.clear()
-    print(f"removed {removed} records from {gt.path}")
-    return 0
-
-
-def _check_groundtruth(gt: GroundTruth) -> int:
-    found = gt.audit()
-    if found.ok:
-        print(f"ground truth at {gt.path}: {found.records} records, all valid")
-        return 0
-    print(f"ground truth at {gt.path}: {found.records} records, {len(found.problems)} problem(s)")
-    for problem in found.problems:
-        print(f"error: {gt.path}: {problem}", file=sys.stderr)
-    print(f"run `pipetune groundtruth repair --path {shlex.quote(str(gt.path))}` to keep the "
-          "valid records and drop the rest", file=sys.stderr)
-    return 2
-
-
-def _repair_groundtruth(gt: GroundTruth) -> int:
-    done = gt.repair()
-    found = done.found
-    if found.ok:
-        print(f"ground truth at {gt.path}: {found.records} records, all valid; nothing to do")
-        return 0
-    if done.moved is not None:
-        print(f"{gt.path} was not a ground-truth file ({found.unreadable}); moved it to "
-              f"{done.moved} and started an empty store")
-    else:
-        print(f"ground truth at {gt.path}: kept {done.kept} records, dropped {len(found.bad)}")
-        for i, why in found.bad:
-            print(f"  dropped record {i}: {why}")
-    print(f"the file as it was is in {done.backup}")
-    return 0
-
-
-def _add_groundtruth(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "groundtruth",
-        help="list, check, repair or clear what PipeTune has learned",
-        description="list: the clusters and best configs. check: validate every record "
-        "(exit 2 if any is bad). repair: keep the valid records, drop the rest (the file "
-        "as it was goes to <file>.bak). clear: remove every record.",
-    )
-    p.add_argument("action", choices=("list", "check", "repair", "clear"))
-    p.add_argument("--path", default=None, help="ground-truth file (default: in $PIPETUNE_HOME)")
-    p.add_argument("--yes", action="store_true", help="clear without asking")
-    p.set_defaults(run=run_groundtruth)
-
-
-

@@ -10,17 +10,11 @@ inside their ``run`` functions, after the options have been checked.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
+from pipetune.cli import quiet_defaults
 from pipetune.errors import SpecError
-
-
-def _quiet_defaults() -> None:
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-
 
 # -- serve ---------------------------------------------------------------------------
 
@@ -28,7 +22,7 @@ def _quiet_defaults() -> None:
 def run_serve(args: argparse.Namespace) -> int:
     if args.limit < 1:
         raise SpecError("--limit", f"must be an integer >= 1, got {args.limit}")
-    _quiet_defaults()
+    quiet_defaults(quiet_logs=False)
     from deployments.serve import load_declarations, select, serve_deployments
 
     select(load_declarations(), args.names)  # a bad name fails before Prefect loads
@@ -80,7 +74,7 @@ def run_stream(args: argparse.Namespace) -> int:
     job_files = args.job or list(_default_jobs())
     for path in dict.fromkeys(job_files):
         load_spec(path)  # a bad job file fails here, before anything is submitted
-    _quiet_defaults()
+    quiet_defaults(quiet_logs=False)
     from deployments.serve import require_api_url
     from flows.stream import stream_flow
 

@@ -1,7 +1,14 @@
-"""The ``pipetune`` command line.
+"""The ``pipetune`` command line: the top room of ``pipetune/``.
 
-Each subcommand is a ``_add_<name>(subparsers)`` function that registers its parser
-and sets ``run`` to a function ``(args) -> int``. Imports of the library (and so of
+One module per command group (:mod:`~pipetune.cli.tune`, :mod:`~pipetune.cli.ui`,
+:mod:`~pipetune.cli.groundtruth`, :mod:`~pipetune.cli.bench`,
+:mod:`~pipetune.cli.deploy`). It is the only part of ``pipetune/`` allowed to import
+``flows``, ``tasks`` or ``deployments`` (and through them Prefect); the rest of the
+library never does (``import-linter`` contracts in ``pyproject.toml``, checked by
+``tests/test_layers.py``).
+
+Each command group registers its parser with an ``add_*(subparsers)`` function that
+sets ``run`` to a function ``(args) -> int``. Imports of the library (and so of
 torch) happen inside those functions, so ``pipetune --help`` stays fast.
 
 Exit codes: 0 success, 2 a user error (a :class:`~pipetune.errors.PipetuneError`,
@@ -11,6 +18,7 @@ printed as one ``error: ...`` line, no traceback).
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -19,6 +27,17 @@ from pipetune.errors import PipetuneError
 
 EXIT_OK = 0
 EXIT_USAGE = 2
+
+
+def quiet_defaults(*, quiet_logs: bool = True) -> None:
+    """No analytics or telemetry calls home; with ``quiet_logs``, Prefect and Dask log
+    warnings only (``serve`` and ``stream`` keep Prefect's run logs)."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    if quiet_logs:
+        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+        os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
 
 
 def _error(message: str) -> None:
@@ -63,20 +82,22 @@ def _add_validate(subparsers: argparse._SubParsersAction) -> None:
 
 #: Registration functions, one per subcommand, in the order ``--help`` lists them.
 def _add_orchestration(subparsers: argparse._SubParsersAction) -> None:
-    from pipetune.cli_tune import _add_groundtruth, _add_tune, _add_ui
+    from pipetune.cli.groundtruth import add_groundtruth as _add_groundtruth
+    from pipetune.cli.tune import add_tune as _add_tune
+    from pipetune.cli.ui import add_ui as _add_ui
 
     for add in (_add_tune, _add_ui, _add_groundtruth):
         add(subparsers)
 
 
 def _add_bench(subparsers: argparse._SubParsersAction) -> None:
-    from pipetune.cli_bench import add_bench
+    from pipetune.cli.bench import add_bench
 
     add_bench(subparsers)
 
 
 def _add_deploy(subparsers: argparse._SubParsersAction) -> None:
-    from pipetune.cli_deploy import add_deploy_commands
+    from pipetune.cli.deploy import add_deploy_commands
 
     add_deploy_commands(subparsers)
 
@@ -113,6 +134,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error(str(e) or "interrupted")
         return 128 + signum
 
-
-if __name__ == "__main__":
-    sys.exit(main())
