@@ -37,6 +37,7 @@ from pipetune.home import pipetune_home
 from pipetune.journal import StudyJournal, find_study, studies_root
 from pipetune.progress import notify
 from pipetune.spec import JobSpec, load_spec
+from pipetune.states import TrialState
 from pipetune.study import StepEvent, Study, orchestration_overhead, overhead_summary
 from pipetune.tracking import StudyTracker, default_tracking_uri
 from tasks import PrefectEpochBackend
@@ -140,7 +141,8 @@ def study_flow(
         tags["prefect.deployment_name"] = str(deployment.name or "")
     tracker = StudyTracker(tracking_uri, spec, tags=tags,
                            resume_run_id=resumed.get("parent_run_id"))
-    tracker.reopen_trials([t.trial_id for t in study.trials.values() if t.state == "running"])
+    tracker.reopen_trials(
+        [t.trial_id for t in study.trials.values() if t.state == TrialState.RUNNING])
     journal.update(status="running", parent_run_id=tracker.parent_run_id,
                    flow_run_id=str(flow_run.id or ""))
     _link_mlflow_run(tracker, tracking_uri)
@@ -155,7 +157,7 @@ def study_flow(
         if event.ended:
             if event.result is None:
                 logger.warning("trial %s failed: %s", event.trial.trial_id, event.trial.error)
-            tracker.end_trial(event.trial, metric=study.metric, objective=study.objective)
+            tracker.end_trial(event.trial, metric=study.metric)
         notify(study)
 
     started = time.time()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pipetune.states import TrialState
+
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
@@ -67,7 +69,7 @@ def timeline_figure(study: Study) -> Figure:
                     color=PHASE_COLOURS[r.phase.value], edgecolor="black", linewidth=0.4)
             ax.text(left + width / 2, row, f"e{r.epoch}\n{r.system.label()}",
                     ha="center", va="center", fontsize=5.5)
-        if t.state == "failed":
+        if t.state == TrialState.FAILED:
             ax.text(0, row + 0.35, "failed", fontsize=6, color="red")
     ax.set_yticks(range(len(trials)), [f"trial {t.trial_id} ({t.state})" for t in trials])
     ax.invert_yaxis()

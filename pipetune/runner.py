@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipetune.profiler.profile import EpochMeasurement
+from pipetune.states import Phase
 from pipetune.system.config import SystemConfig
-from pipetune.tuner import Phase
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ class Trial:
     trial_id: int
     params: dict[str, Any]
     seed: int
-    state: str = "running"  # running, or a TrialState value once ended
+    state: TrialState = TrialState.RUNNING
     results: list[EpochResult] = field(default_factory=list)
     history: list[EpochObservation] = field(default_factory=list)
     match: GroundTruthMatch | None = None
@@ -216,7 +216,7 @@ class Study:
         return self.spec.early_stopping.max_epochs
 
     def _active(self) -> int:
-        return sum(1 for t in self.trials.values() if t.state == "running")
+        return sum(1 for t in self.trials.values() if t.state == TrialState.RUNNING)
 
     def _free_cores(self) -> int:
         return self.core_budget - sum(t.system.cores for t in self._in_flight.values())
@@ -566,9 +566,9 @@ class Study:
         trial.recorded = config
 
     def _end(self, trial: Trial, state: TrialState, error: str | None = None) -> None:
-        if trial.state != "running":
+        if trial.state != TrialState.RUNNING:
             return
-        trial.state = state.value
+        trial.state = state
         trial.error = error
         self._queue = deque(t for t in self._queue if t.trial_id != trial.trial_id)
         if state is not TrialState.FAILED and trial.probe_epochs and trial.recorded is None:
@@ -583,7 +583,7 @@ class Study:
     def best_trial(self) -> Trial | None:
         scored = [
             t for t in self.trials.values()
-            if t.state != TrialState.FAILED.value and t.last_value(self.metric) is not None
+            if t.state != TrialState.FAILED and t.last_value(self.metric) is not None
         ]
         if not scored:
             return None
@@ -598,9 +598,9 @@ class Study:
         lookups = [t.match for t in trials if t.match is not None]
         return StudySummary(
             trials=len(trials),
-            completed=sum(t.state == TrialState.COMPLETE.value for t in trials),
-            stopped=sum(t.state == TrialState.STOPPED.value for t in trials),
-            failed=sum(t.state == TrialState.FAILED.value for t in trials),
+            completed=sum(t.state == TrialState.COMPLETE for t in trials),
+            stopped=sum(t.state == TrialState.STOPPED for t in trials),
+            failed=sum(t.state == TrialState.FAILED for t in trials),
             epochs_run=len(results),
             probe_epochs=sum(t.probe_epochs for t in trials),
             groundtruth_hits=sum(1 for m in lookups if m.hit),

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipetune.states import TrialState
+
 if TYPE_CHECKING:
     from mlflow.entities import Metric, Param, RunTag
     from mlflow.tracking import MlflowClient
@@ -386,13 +388,6 @@ class StudyTracker:
             self._sink.send("log", ("trial", trial.trial_id), (), params, ())
         return ("trial", trial.trial_id)
 
-    def child_run_id(self, trial_id: int) -> str | None:
-        """The trial's child run id (waits for the sink if the run is still queued)."""
-        if (trial_id in self._requested and trial_id not in self._children
-                and not self._sink.closed):
-            self.flush()
-        return self._children.get(trial_id)
-
     def log_epoch(self, trial: Trial, result: EpochResult) -> None:
         """Send the metrics of one finished epoch, at ``step = epoch``."""
         run = self._child(trial)
@@ -418,11 +413,11 @@ class StudyTracker:
         ]
         self._sink.send("log", run, metrics, (), tags)
 
-    def end_trial(self, trial: Trial, *, metric: str, objective: str) -> None:
+    def end_trial(self, trial: Trial, *, metric: str) -> None:
         """Send the outcome, profile table and the config the trial settled on, then the
         end of the trial's run."""
         run = self._child(trial)
-        tags = [("outcome", trial.state)]
+        tags = [("outcome", str(trial.state))]
         if trial.error:
             tags.append(("error", trial.error[:5000]))
         if trial.match is not None:
@@ -438,12 +433,12 @@ class StudyTracker:
         self._sink.send("log", run, metrics, (), tags)
         if trial.results:
             self._sink.send("log_profiles", run, profile_rows(trial))
-        status = "FAILED" if trial.state == "failed" else "FINISHED"
+        status = "FAILED" if trial.state == TrialState.FAILED else "FINISHED"
         self._sink.send("terminate", run, status)
 
     # -- the study ----------------------------------------------------------------------
-    def finish(self, study: Study, *, wall_s: float, extra_metrics: dict[str, float] | None = None,
-               failed: bool = False) -> None:
+    def finish(self, study: Study, *, wall_s: float,
+               extra_metrics: dict[str, float] | None = None) -> None:
         """Summary metrics, trials table, timeline picture and best model on the parent run.
 
         Flushes the background writer first (raising what it raised) and closes it last."""
@@ -479,7 +474,7 @@ class StudyTracker:
         best = study.best_trial()
         if best is not None and best.checkpoint is not None:
             self._log_best_model(best)
-        self.client.set_terminated(self.parent_run_id, status="FAILED" if failed else "FINISHED")
+        self.client.set_terminated(self.parent_run_id, status="FINISHED")
         self.close()
 
     def _log_best_model(self, trial: Trial) -> None:

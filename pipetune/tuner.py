@@ -25,10 +25,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from pipetune.errors import SpecError, SystemConfigError
+from pipetune.states import GroundTruthMatch, Phase
 from pipetune.system.config import CUDA_KNOBS, KNOBS, MachineInfo, SystemConfig
 
 #: Probe plans the tuner knows.
@@ -45,14 +45,6 @@ WARMUP_MARGIN = 0.05
 
 #: Dotted prefix used when a value of the system search space is rejected.
 SPACE_FIELD = "system.space"
-
-
-class Phase(StrEnum):
-    """What an epoch is for: the profiled first epoch, a probe of a candidate, training."""
-
-    PROFILE = "profile"
-    PROBE = "probe"
-    TRAIN = "train"
 
 
 @dataclass(frozen=True)
@@ -75,37 +67,6 @@ class EpochObservation:
         if not isinstance(self.system, SystemConfig):
             raise TypeError(f"system must be a SystemConfig, got {type(self.system).__name__}")
         object.__setattr__(self, "cost", float(self.cost))
-
-
-@dataclass(frozen=True)
-class GroundTruthMatch:
-    """The ground truth's answer for one profile (see :meth:`GroundTruth.lookup`).
-
-    ``hit`` means the profile is similar to a known cluster *and* that cluster has a
-    best config for the batch-size bucket and objective. ``cluster`` and ``distance``
-    name the nearest cluster even on a miss; ``bound`` is the distance within which a
-    profile counts as similar to it. ``support`` is the number of trials behind
-    ``config``.
-    """
-
-    hit: bool
-    config: SystemConfig | None
-    cost: float | None
-    cluster: int | None
-    bucket: int | None
-    distance: float
-    bound: float
-    support: int
-    reason: str
-
-    def __post_init__(self) -> None:
-        if self.hit and self.config is None:
-            raise ValueError("a ground-truth hit needs a config")
-
-    @classmethod
-    def miss(cls, reason: str, *, bucket: int | None = None) -> GroundTruthMatch:
-        """A miss with nothing to compare against (empty store, no lookup made, ...)."""
-        return cls(False, None, None, None, bucket, math.inf, 0.0, 0, reason)
 
 
 @dataclass(frozen=True)

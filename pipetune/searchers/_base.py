@@ -6,24 +6,13 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from pipetune.errors import SpecError
 from pipetune.space import Distribution
+from pipetune.states import TrialState
 
 MODES: tuple[str, ...] = ("max", "min")
-
-
-class TrialState(StrEnum):
-    """How a trial ended, as told to a searcher."""
-
-    #: Ran to ``max_epochs``; its value is the final objective.
-    COMPLETE = "completed"
-    #: Ended early by the scheduler; its value is the last one observed.
-    STOPPED = "stopped"
-    #: Crashed; it has no value.
-    FAILED = "failed"
 
 
 @dataclass(frozen=True)
@@ -92,6 +81,8 @@ class Searcher(ABC):
         A ``COMPLETE`` trial whose value is missing or not finite counts as failed.
         """
         state = TrialState(state)
+        if state is TrialState.RUNNING:
+            raise ValueError(f"trial {trial_id}: tell() is for an ended trial, not a running one")
         if trial_id not in self._pending:
             why = "was already told" if trial_id in self._told else "was never asked"
             raise ValueError(f"trial {trial_id} {why}")

@@ -1,0 +1,286 @@
+"""What the bench measured: one :class:`StrategyResult` per strategy, the oracle's
+rows, and the whole :class:`BenchResult` with its ratios, target checks and JSON form."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pipetune.bench.jobs import OPTUNA_TARGET
+from pipetune.bench.strategies import REFERENCE
+from pipetune.spec import SYSTEM_HPARAM_PREFIX
+
+if TYPE_CHECKING:
+    from pipetune.study import Study
+
+
+@dataclass(frozen=True)
+class StrategyResult:
+    """What one strategy's study measured."""
+
+    strategy: str
+    tuning_wall_s: float
+    best_value: float | None
+    best_params: dict[str, Any] | None
+    chosen_system: str | None
+    epochs_run: int
+    probe_epochs: int
+    groundtruth_hits: int
+    groundtruth_lookups: int
+    energy_j: float
+    energy_source: str
+    #: Mean training seconds per epoch of the best trial under its final config, as
+    #: measured inside the study (shared machine, other trials running).
+    best_epoch_s_in_study: float | None
+    overhead_s: float
+    compute_s: float
+    overhead_median_s: float
+    study_run_id: str | None = None
+    #: The overhead split as :func:`pipetune.study.orchestration_overhead` splits it:
+    #: task round trip, worker-side rebuild + checkpoint I/O, loop gap between epochs.
+    overhead_parts_s: dict[str, float] = field(default_factory=dict)
+    #: Wall time of the whole run as the user would wait for it: for optuna-plain its
+    #: fresh process (interpreter start and imports included), for the studies the
+    #: flow call (flow run created to summary returned; the shared cluster was warm).
+    process_wall_s: float | None = None
+
+    @property
+    def overhead_share(self) -> float:
+        """Orchestration time around the epochs / (that + the epochs' own compute)."""
+        total = self.overhead_s + self.compute_s
+        return self.overhead_s / total if total > 0 else math.nan
+
+
+@dataclass(frozen=True)
+class OracleRow:
+    """One system config trained for the full epochs with the oracle's params."""
+
+    system: str
+    train_s: float
+    epoch_s: float
+    energy_j: float
+    value: float | None
+
+
+def result_from_study(
+    strategy: str, study: Study, wall_s: float, study_run_id: str | None = None
+) -> StrategyResult:
+    """Reduce a finished study to its :class:`StrategyResult`."""
+    from pipetune.study import orchestration_overhead
+
+    summary = study.summary()
+    best = study.best_trial()
+    epoch_s = None
+    if best is not None and best.final_system is not None:
+        under = [r.measurement.wall_s for r in best.results if r.system == best.final_system]
+        epoch_s = statistics.fmean(under) if under else None
+    rows = orchestration_overhead(study)
+    overheads = [r["overhead_s"] for r in rows if not math.isnan(r["overhead_s"])]
+    return StrategyResult(
+        strategy=strategy,
+        tuning_wall_s=float(wall_s),
+        best_value=summary.best_value,
+        best_params=summary.best_params,
+        chosen_system=summary.best_system.label() if summary.best_system else None,
+        epochs_run=summary.epochs_run,
+        probe_epochs=summary.probe_epochs,
+        groundtruth_hits=summary.groundtruth_hits,
+        groundtruth_lookups=summary.groundtruth_lookups,
+        energy_j=summary.energy_j,
+        energy_source=summary.energy_source,
+        best_epoch_s_in_study=epoch_s,
+        overhead_s=sum(overheads),
+        compute_s=sum(r["compute_s"] for r in rows),
+        overhead_median_s=statistics.median(overheads) if overheads else math.nan,
+        study_run_id=study_run_id,
+        overhead_parts_s={
+            part: sum(r[part] for r in rows if not math.isnan(r[part]))
+            for part in ("round_trip_s", "worker_extra_s", "loop_gap_s")
+        },
+    )
+
+
+def result_from_optuna(result: Any) -> StrategyResult:
+    """A :class:`StrategyResult` from :class:`pipetune.bench_optuna.OptunaPlainResult`:
+    no probes, no ground truth, no orchestration; energy not metered."""
+    return StrategyResult(
+        strategy="optuna-plain",
+        tuning_wall_s=float(result.tuning_wall_s),
+        best_value=result.best_value,
+        best_params=result.best_params,
+        chosen_system=None,
+        epochs_run=result.epochs_run,
+        probe_epochs=0,
+        groundtruth_hits=0,
+        groundtruth_lookups=0,
+        energy_j=math.nan,
+        energy_source="not metered",
+        best_epoch_s_in_study=None,
+        overhead_s=math.nan,
+        compute_s=math.nan,
+        overhead_median_s=math.nan,
+        process_wall_s=float(result.process_wall_s),
+    )
+
+
+def oracle_rows(study: Study) -> list[OracleRow]:
+    """Per system config of an oracle study: full-epoch training time, fastest first."""
+    rows = []
+    for trial in study.trials.values():
+        if not trial.results or trial.final_system is None:
+            continue
+        train = [r.measurement.wall_s for r in trial.results]
+        rows.append(OracleRow(
+            system=trial.final_system.label(),
+            train_s=sum(train),
+            epoch_s=statistics.fmean(train),
+            energy_j=sum(r.measurement.energy_j for r in trial.results),
+            value=trial.last_value(study.metric),
+        ))
+    return sorted(rows, key=lambda r: r.train_s)
+
+
+def best_params_overall(results: Sequence[StrategyResult], mode: str) -> dict[str, Any] | None:
+    """The hyperparameters (``system.*`` dropped) of the best trial over all strategies;
+    ties go to the strategy listed first."""
+    scored = [r for r in results if r.best_value is not None and r.best_params is not None]
+    if not scored:
+        return None
+    sign = 1.0 if mode == "max" else -1.0
+    best = max(enumerate(scored), key=lambda ir: (sign * ir[1].best_value, -ir[0]))[1]
+    return {k: v for k, v in best.best_params.items() if not k.startswith(SYSTEM_HPARAM_PREFIX)}
+
+
+@dataclass
+class BenchResult:
+    """A whole bench: what ran where, each strategy's result and the oracle table."""
+
+    job: str
+    metric: str
+    mode: str
+    data: str
+    quick: bool
+    machine: str
+    command: str
+    date: str
+    strategies: list[StrategyResult]
+    oracle: list[OracleRow] = field(default_factory=list)
+    oracle_params: dict[str, Any] | None = None
+    oracle_wall_s: float | None = None
+    bench_wall_s: float | None = None
+    bench_run_id: str | None = None
+    optuna_target: float = OPTUNA_TARGET
+
+    def get(self, strategy: str) -> StrategyResult | None:
+        return next((s for s in self.strategies if s.strategy == strategy), None)
+
+    def training_s(self, strategy: str) -> float | None:
+        """Full-epoch training time of the oracle's params under the config ``strategy``
+        chose for its best trial (from the oracle's measurements)."""
+        s = self.get(strategy)
+        if s is None or s.chosen_system is None:
+            return None
+        row = next((o for o in self.oracle if o.system == s.chosen_system), None)
+        return row.train_s if row else None
+
+    @property
+    def oracle_best_s(self) -> float | None:
+        return min((o.train_s for o in self.oracle), default=None)
+
+    def table(self) -> list[dict[str, Any]]:
+        """One row per strategy with the ratios (``nan`` when a side is missing)."""
+        ref = self.get(REFERENCE)
+        plain = self.get("optuna-plain")
+        ref_train = self.training_s(REFERENCE)
+        oracle = self.oracle_best_s
+        rows = []
+        for s in self.strategies:
+            train = self.training_s(s.strategy)
+            rows.append({
+                "strategy": s.strategy,
+                "tuning_wall_s": s.tuning_wall_s,
+                "process_wall_s": s.process_wall_s,
+                "tuning_vs_optuna": _ratio(s.tuning_wall_s,
+                                           plain.tuning_wall_s if plain else None),
+                "tuning_vs_v1": _ratio(s.tuning_wall_s, ref.tuning_wall_s if ref else None),
+                f"best_{self.metric}": s.best_value,
+                "epochs_run": s.epochs_run,
+                "probe_epochs": s.probe_epochs,
+                "gt_hits": f"{s.groundtruth_hits}/{s.groundtruth_lookups}",
+                "energy_j": s.energy_j,
+                "energy_vs_v1": _ratio(s.energy_j, ref.energy_j if ref else None),
+                "energy_source": s.energy_source,
+                "chosen_system": s.chosen_system or "-",
+                "train_s": train,
+                "train_vs_v1": _ratio(train, ref_train),
+                "train_vs_oracle": _ratio(train, oracle),
+                "overhead_share": s.overhead_share,
+            })
+        return rows
+
+    def targets(self) -> list[dict[str, Any]]:
+        """The issue's targets, each with what was measured and whether it is met."""
+        out: list[dict[str, Any]] = []
+        v1, cold = self.get("v1-default"), self.get("pipetune-cold")
+        warm = self.get("pipetune-warm")
+        fixed = [s for s in (self.get("v1-default"), self.get("v1-one-core")) if s is not None]
+
+        def add(name: str, measured: str, met: bool | None) -> None:
+            out.append({"target": name, "measured": measured,
+                        "met": "n/a" if met is None else ("yes" if met else "NO")})
+
+        plain = self.get("optuna-plain")
+        if plain and cold:
+            r = cold.tuning_wall_s / plain.tuning_wall_s
+            add(f"PipeTune cold tuning time <= {self.optuna_target:g} x optuna-plain",
+                f"{r:.2f} x", r <= self.optuna_target)
+        if cold and warm:
+            r = warm.tuning_wall_s / cold.tuning_wall_s
+            add("PipeTune warm <= 0.9 x PipeTune cold", f"{r:.2f} x", r <= 0.9)
+        for s in (cold, warm):
+            if v1 and s:
+                r = s.tuning_wall_s / v1.tuning_wall_s
+                add(f"{s.strategy} tuning time <= 0.85 x v1-default", f"{r:.2f} x", r <= 0.85)
+        scale = 100.0 if self.metric == "accuracy" else 1.0
+        v1_best = [s.best_value for s in fixed if s.best_value is not None]
+        for s in (cold, warm):
+            if s is None or s.best_value is None or not v1_best:
+                continue
+            ref = max(v1_best) if self.mode == "max" else min(v1_best)
+            gap = (ref - s.best_value) * scale * (1 if self.mode == "max" else -1)
+            side = "below" if gap > 0 else "above"
+            add(f"{s.strategy} best {self.metric} within 0.5 points of V1",
+                f"{abs(gap):.2f} points {side} V1's best", gap <= 0.5)
+        for s in (cold, warm):
+            train, oracle = (self.training_s(s.strategy) if s else None), self.oracle_best_s
+            if s is None:
+                continue
+            if train is None or oracle is None:
+                add(f"{s.strategy} chosen config within 5% of the oracle", "not measured", None)
+            else:
+                r = train / oracle
+                add(f"{s.strategy} chosen config within 5% of the oracle",
+                    f"{r:.3f} x oracle [{s.chosen_system}]", r <= 1.05)
+        shares = [s.overhead_share for s in self.strategies if not math.isnan(s.overhead_share)]
+        if shares:
+            worst = max(shares)
+            add("orchestration overhead <= 10% of epoch time", f"max {worst:.1%} over strategies",
+                worst <= 0.10)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """The bench as ``results.json`` holds it: every field, plus the derived
+        ``table`` and ``targets``."""
+        data = asdict(self)
+        data["table"] = self.table()
+        data["targets"] = self.targets()
+        return data
+
+
+def _ratio(a: float | None, b: float | None) -> float:
+    if a is None or b is None or b == 0 or math.isnan(a) or math.isnan(b):
+        return math.nan
+    return a / b

@@ -1,0 +1,275 @@
+"""The ground truth: the best system config known for each kind of job, shared by studies.
+
+Every trial that probed leaves one record: its epoch-1 profile, batch size, system
+objective, the config it kept and that config's cost per sample. A later trial's
+profile is compared with the records; if it is similar to a cluster of past profiles
+and that cluster knows a config for the trial's batch-size bucket and objective, the
+trial uses it and skips probing.
+
+:class:`GroundTruth` is the one object callers use; it combines two parts that change
+for different reasons:
+
+- :mod:`pipetune.groundtruth.model`: how similarity is decided (features, noise floors,
+  distances, the k-means clusters and their bounds) and which config is best;
+- :mod:`pipetune.groundtruth.store`: the JSON file, its locking, the one validation rule
+  for records, audit and repair, and the cap on each group's records (bounded growth).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pipetune.errors import GroundTruthError, SpecError
+from pipetune.groundtruth.model import (
+    DEFAULT_SCALE_FLOOR,
+    SCALE_FLOORS,
+    Fit,
+    GroundTruthEntry,
+    Similarity,
+    bucket,
+    profile_features,
+)
+from pipetune.groundtruth.store import (
+    FORMAT_VERSION,
+    OBJECTIVES,
+    JsonStore,
+    Repair,
+    StoreReport,
+    capped,
+    check_objective,
+    record_problem,
+)
+from pipetune.home import pipetune_home
+from pipetune.profiler.profile import Profile
+from pipetune.states import GroundTruthMatch
+from pipetune.system.config import SystemConfig
+
+__all__ = [
+    "DEFAULT_SCALE_FLOOR",
+    "FORMAT_VERSION",
+    "OBJECTIVES",
+    "SCALE_FLOORS",
+    "GroundTruth",
+    "GroundTruthEntry",
+    "JsonStore",
+    "Repair",
+    "Similarity",
+    "StoreReport",
+]
+
+
+class GroundTruth:
+    """The shared store of best system configs, keyed by job profile and batch size.
+
+    ``path`` defaults to ``pipetune_home() / "groundtruth.json"``. ``max_clusters``,
+    ``bound_factor`` and ``min_bound`` set the similarity rule (see
+    :mod:`pipetune.groundtruth.model`), ``max_records_per_group`` the bounded growth
+    (see :mod:`pipetune.groundtruth.store`).
+    """
+
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        *,
+        max_clusters: int = 8,
+        bound_factor: float = 2.0,
+        min_bound: float = 2.0,
+        max_records_per_group: int = 200,
+    ) -> None:
+        self._similarity = Similarity(max_clusters, bound_factor, min_bound)
+        if (not isinstance(max_records_per_group, int) or isinstance(max_records_per_group, bool)
+                or max_records_per_group < 1):
+            raise SpecError(
+                "max_records_per_group",
+                f"must be an integer >= 1, got {max_records_per_group!r}",
+            )
+        self._store = JsonStore(
+            Path(path).expanduser() if path is not None else (pipetune_home() / "groundtruth.json")
+        )
+        self.max_records_per_group = max_records_per_group
+        self._fit: Fit | None = None
+        self._fit_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"GroundTruth({str(self.path)!r})"
+
+    def __getstate__(self) -> dict[str, Any]:  # crosses processes without its fit or lock
+        state = dict(self.__dict__)
+        state["_fit"] = None
+        del state["_fit_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._fit_lock = threading.Lock()
+
+    # -- settings ------------------------------------------------------------------
+    @property
+    def path(self) -> Path:
+        return self._store.path
+
+    @property
+    def lock_path(self) -> Path:
+        return self._store.lock_path
+
+    @property
+    def backup_path(self) -> Path:
+        return self._store.backup_path
+
+    @property
+    def max_clusters(self) -> int:
+        return self._similarity.max_clusters
+
+    @property
+    def bound_factor(self) -> float:
+        return self._similarity.bound_factor
+
+    @property
+    def min_bound(self) -> float:
+        return self._similarity.min_bound
+
+    # -- public API ----------------------------------------------------------------
+    @staticmethod
+    def bucket(batch_size: int) -> int:
+        """The power-of-two bucket of a batch size: the largest power of two <= it.
+
+        >>> [GroundTruth.bucket(b) for b in (1, 32, 48, 63, 64, 100)]
+        [1, 32, 32, 32, 64, 64]
+        """
+        return bucket(batch_size)
+
+    def lookup(self, profile: Profile, batch_size: int, objective: str) -> GroundTruthMatch:
+        """The best known config for a job with this epoch-1 profile, or why there is none.
+
+        A profile with a non-finite feature cannot be compared and is answered with a
+        miss; a profile that lacks a feature raises :class:`GroundTruthError`.
+        """
+        objective = check_objective(objective)
+        bucket_ = bucket(batch_size)
+        features = profile_features(profile)
+        bad = [n for n, v in features.items() if not math.isfinite(v)]
+        if bad:
+            return GroundTruthMatch.miss(f"profile feature {bad[0]} is not finite", bucket=bucket_)
+        fit = self._fitted()
+        if fit is None:
+            return GroundTruthMatch.miss("the ground truth has no records yet", bucket=bucket_)
+        return fit.match(features, bucket_, objective)
+
+    def record(
+        self,
+        profile: Profile,
+        batch_size: int,
+        objective: str,
+        config: SystemConfig,
+        cost: float,
+        *,
+        job: str = "",
+        trial: str = "",
+    ) -> None:
+        """Store the config a trial kept, under its epoch-1 profile. Safe across processes.
+
+        The record is checked by the rule records are read with (finite features and
+        cost, ...); one that would not read back raises :class:`GroundTruthError` and
+        nothing is written. So does a store that is not valid. The record's group is
+        then cut to ``max_records_per_group`` (see :mod:`pipetune.groundtruth.store`).
+        """
+        objective = check_objective(objective)
+        bucket(batch_size)
+        if not isinstance(config, SystemConfig):
+            raise GroundTruthError(f"config must be a SystemConfig, got {type(config).__name__}")
+        rec = {
+            "features": profile_features(profile),
+            "batch_size": batch_size,
+            "objective": objective,
+            "config": config.to_dict(),
+            "cost": float(cost),
+            "job": str(job),
+            "trial": str(trial),
+            "time": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+        why = record_problem(rec)
+        if why is not None:
+            raise GroundTruthError(f"{why}; not recorded")
+        self._store.mutate(
+            lambda records: capped([*records, rec], self.max_records_per_group, self.min_bound)
+        )
+        # Refit now, in the background, so the next lookup does not pay for it on the
+        # study's critical path (a k-means fit took ~1 s here); a lookup that comes
+        # first waits for this fit rather than doing its own.
+        self.prepare_in_background()
+
+    def entries(self) -> list[GroundTruthEntry]:
+        """Every (cluster, bucket, objective) with its best config, sorted by those keys."""
+        fit = self._fitted()
+        return [] if fit is None else fit.sorted_entries()
+
+    def clusters(self) -> list[dict[str, Any]]:
+        """The clusters, for display: ``id``, ``size``, ``radius``, ``bound``, ``centroid``
+        (feature -> value in the profile's own units) and ``entries`` (bucket, objective,
+        config, cost, support)."""
+        fit = self._fitted()
+        return [] if fit is None else fit.clusters()
+
+    def clear(self) -> int:
+        """Remove every record; returns how many there were."""
+        removed = self._store.clear()
+        self._fit = None
+        return removed
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    # -- the store as a whole ------------------------------------------------------
+    def check(self) -> int:
+        """Read and validate the whole store now; return its record count. A study calls
+        this before it records anything, so a corrupt store stops it at once with
+        :class:`GroundTruthError` instead of at its first lookup."""
+        return self._store.check()
+
+    def audit(self) -> StoreReport:
+        """Read the whole store and list every problem in it, without raising for them
+        (:meth:`check` raises at the first)."""
+        return self._store.audit()
+
+    def repair(self) -> Repair:
+        """Keep every valid record and drop the bad ones; a file that cannot be read as a
+        ground truth at all is moved aside to ``<file>.corrupt-<UTC time>`` and an empty
+        store started. Before changing anything the file as it was is copied to
+        ``<file>.bak``; both keep the file's permissions. A valid store is left as it
+        was. Safe across processes."""
+        return self._store.repair()
+
+    # -- clustering ----------------------------------------------------------------
+    def prepare(self) -> None:
+        """Read the store and fit its clusters now (scikit-learn's import included), so
+        a study's first lookup does not pay for it; the fit is reused until the store
+        changes. Safe to call from a background thread."""
+        self._fitted()
+
+    def prepare_in_background(self) -> None:
+        """Fit the clusters in a background thread; the next lookup waits for that fit
+        instead of doing its own, and reports a broken store itself."""
+        def fit_quietly() -> None:
+            with contextlib.suppress(Exception):
+                self._fitted()
+
+        threading.Thread(target=fit_quietly, daemon=True, name="pipetune-groundtruth-fit").start()
+
+    def _fitted(self) -> Fit | None:
+        with self._fit_lock:
+            raw = self._store.snapshot()
+            key = hashlib.sha1(raw).hexdigest()
+            if self._fit is not None and self._fit.key == key:
+                return self._fit  # unchanged content: neither re-parsed nor refitted
+            records = self._store.parse(raw)
+            self._fit = self._fit_records(records, key) if records else None
+            return self._fit
+
+    def _fit_records(self, records: list[dict[str, Any]], key: str) -> Fit:
+        return self._similarity.fit(records, key)
