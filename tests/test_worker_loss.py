@@ -20,6 +20,16 @@ pytestmark = [
 MACHINE = MachineInfo(cores=2)
 
 
+def three_trial_spec(name: str, workload: str, **workload_options) -> JobSpec:
+    """Trials with hidden sizes 8, 16 and 32 (in that order), two at once."""
+    job = synthetic_job(name, trials=3)
+    job["workload"].update(name=f"killing_workload:{workload}", **workload_options)
+    job["hyperparameters"] = {"hidden": {"type": "choice", "values": [8, 16, 32]}}
+    job["search"] = {"algorithm": "grid", "trials": 3, "seed": 0, "max_concurrent": 2}
+    job["system"]["space"] = {}
+    return JobSpec.from_dict(job, machine=MACHINE)
+
+
 def test_a_lost_worker_is_retried_and_a_killing_epoch_fails_only_its_trial(
         tmp_path, monkeypatch):
     from distributed import Client
@@ -27,12 +37,7 @@ def test_a_lost_worker_is_retried_and_a_killing_epoch_fails_only_its_trial(
     from pipetune.backends import DaskBackend
 
     monkeypatch.setenv("PIPETUNE_KILL_MARKS", str(tmp_path))
-    job = synthetic_job("worker-loss", trials=3)
-    job["workload"]["name"] = "killing_workload:KillingWorkload"
-    job["hyperparameters"] = {"hidden": {"type": "choice", "values": [8, 16, 32]}}
-    job["search"] = {"algorithm": "grid", "trials": 3, "seed": 0, "max_concurrent": 2}
-    job["system"]["space"] = {}
-    spec = JobSpec.from_dict(job, machine=MACHINE)
+    spec = three_trial_spec("worker-loss", "KillingWorkload")
     with process_cluster(n_workers=2, cores=1) as cluster, \
             Client(cluster, set_as_default=False) as client:
         study = Study(spec, study_id="loss", checkpoints=CheckpointStore(tmp_path / "ck"),
@@ -65,13 +70,7 @@ def test_a_hung_epoch_times_out_its_trial_and_frees_its_worker(tmp_path):
 
     from pipetune.backends import DaskBackend
 
-    job = synthetic_job("hung", trials=3)
-    job["workload"]["name"] = "killing_workload:HangingWorkload"
-    job["workload"]["epoch_timeout_s"] = 10
-    job["hyperparameters"] = {"hidden": {"type": "choice", "values": [8, 16, 32]}}
-    job["search"] = {"algorithm": "grid", "trials": 3, "seed": 0, "max_concurrent": 2}
-    job["system"]["space"] = {}
-    spec = JobSpec.from_dict(job, machine=MACHINE)
+    spec = three_trial_spec("hung", "HangingWorkload", epoch_timeout_s=10)
     with process_cluster(n_workers=2, cores=1) as cluster, \
             Client(cluster, set_as_default=False) as client:
         study = Study(spec, study_id="hung", checkpoints=CheckpointStore(tmp_path / "ck"),
