@@ -111,6 +111,38 @@ def test_with_overrides_revalidates():
     assert (info.value.field, info.value.message) == ("search.trials", "must be >= 1, got 0")
 
 
+def test_with_overrides_with_nothing_to_change_is_the_same_spec():
+    spec = JobSpec.from_dict(MINIMAL, machine=TWO_CORES)
+    assert spec.with_overrides() is spec
+    assert spec.with_overrides(trials=None, pipetune_enabled=None) is spec
+    assert spec.with_overrides(trials=2, pipetune_enabled=True, machine=TWO_CORES) is spec
+    assert spec.with_overrides(pipetune_enabled=True) is spec
+    changed = spec.with_overrides(trials=2, pipetune_enabled=False, machine=TWO_CORES)
+    assert changed is not spec and not changed.pipetune.enabled
+    # Equal but not the same type is not "nothing to change": strict fields refuse it.
+    for trials in (2.0, True):
+        with pytest.raises(SpecError) as info:
+            spec.with_overrides(trials=trials, machine=TWO_CORES)
+        assert info.value.field == "search.trials"
+
+
+def test_read_job_file_is_the_raw_mapping_under_the_same_limits(tmp_path):
+    from pipetune.spec import read_job_file
+
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps({**MINIMAL, "extra": {"lr": 1e-3}}))
+    assert read_job_file(path) == {**MINIMAL, "extra": {"lr": 1e-3}}
+    path.write_text("- a\n- b\n")
+    for read in (read_job_file, load_spec):
+        with pytest.raises(SpecError) as info:
+            read(path)
+        assert info.value.message == "a job spec must be a mapping of sections, got ['a', 'b']"
+    path.write_text("x: " + "[" * 40 + "]" * 40 + "\n")
+    with pytest.raises(SpecError) as info:
+        read_job_file(path)
+    assert info.value.message == "nested deeper than 32 levels"
+
+
 def test_floats_in_exponent_form_are_numbers(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(

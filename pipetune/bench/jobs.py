@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pipetune.errors import SpecError
-from pipetune.spec import JobSpec
+from pipetune.spec import JobSpec, read_job_file
 from pipetune.system.config import MachineInfo
 
 _DATA_KEYS = ("dataset", "data_dir", "path")
@@ -57,22 +57,8 @@ def load_bench_job(
     """Read a bench job file (a job file with an optional ``bench`` section; see the
     module doc). ``datasets`` overrides the data root (default ``$PIPETUNE_DATASETS``,
     then ``bench.datasets``)."""
-    import yaml
-
-    # spec has no public "read a job file's raw mapping" yet (load_spec validates the
-    # whole job, and the bench section must come off first): its YAML loader is the
-    # one rule for how job files parse, so use it rather than a second one.
-    from pipetune.spec import _Loader
-
     path = Path(path)
-    try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506
-    except FileNotFoundError:
-        raise SpecError("", f"no such file: {path}") from None
-    except yaml.YAMLError as e:
-        raise SpecError("", f"invalid YAML in {path}: {e}") from None
-    if not isinstance(data, dict):
-        raise SpecError("", f"{path}: a job spec must be a mapping of sections")
+    data = read_job_file(path)
     bench = data.pop("bench", None) or {}
     if not isinstance(bench, dict):
         raise SpecError("bench", "must be a mapping with datasets, fallback, quick")

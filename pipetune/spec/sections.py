@@ -1,0 +1,235 @@
+"""The sections of a job file, one model each: what a job says about its workload, its
+system knobs, the search, early stopping, the objective, the in-trial system tuner and
+the profiler.
+
+Every section forbids unknown fields, so a misspelt key is an error that names it, and
+checks what it can check alone; checks across sections and against the world (the
+workload resolves, its metrics hold ``objective.metric``) are :class:`~pipetune.spec.JobSpec`'s.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    field_validator,
+    model_validator,
+)
+
+from pipetune.errors import SpecError, SystemConfigError, WorkloadError
+from pipetune.space import Distribution, space_from_json, space_to_json
+from pipetune.system.config import KNOBS, MachineInfo, SystemConfig
+
+#: Searcher seeds: what numpy's and Optuna's generators accept.
+MAX_SEED = 2**32 - 1
+
+
+# -- field types with their own validation ---------------------------------------------
+
+
+def _relocate(e: SpecError, where: str) -> SpecError:
+    """``e`` re-aimed from ``system.<knob>`` (how SystemConfig names it) to ``where.<knob>``."""
+    knob = e.field.removeprefix("system.")
+    return type(e)(f"{where}.{knob}" if knob else where, e.message)
+
+
+def _space_in(value: Any) -> dict[str, Distribution]:
+    space = space_from_json(value, "hyperparameters")
+    if not space:
+        raise SpecError("hyperparameters", "must name at least one hyperparameter to tune")
+    return space
+
+
+def _system_config_in(value: Any) -> SystemConfig:
+    if isinstance(value, SystemConfig):
+        return value
+    if not isinstance(value, Mapping):
+        raise SpecError("system.default", f"must be a mapping of knob -> value, got {value!r}")
+    try:
+        return SystemConfig.from_dict(dict(value))
+    except SystemConfigError as e:
+        raise _relocate(e, "system.default") from None
+
+
+Space = Annotated[
+    dict[str, Distribution], PlainValidator(_space_in), PlainSerializer(space_to_json)
+]
+SystemConfigField = Annotated[
+    SystemConfig,
+    PlainValidator(_system_config_in),
+    PlainSerializer(lambda c: c.to_dict()),
+]
+
+
+@functools.cache
+def _this_machine() -> MachineInfo:
+    return MachineInfo.detect()
+
+
+# -- sections --------------------------------------------------------------------------
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", strict=True, frozen=True, arbitrary_types_allowed=True
+    )
+
+
+#: Generous: an hour per epoch; jobs with longer epochs say so.
+DEFAULT_EPOCH_TIMEOUT_S = 3600.0
+
+
+class WorkloadSpec(_Section):
+    """``name``: a built-in (``lenet5``) or an import path ``package.module:Class``;
+    ``params``: keyword arguments for the class."""
+
+    name: str = Field(min_length=1, max_length=512)
+    params: dict[str, Any] = Field(default_factory=dict)
+    #: Seconds one epoch may run on its worker before its trial fails (a hung data
+    #: loader must not stall the study and the queue behind it).
+    epoch_timeout_s: float = Field(DEFAULT_EPOCH_TIMEOUT_S, gt=0, le=7 * 86400)
+
+    @field_validator("params")
+    @classmethod
+    def _json_params(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # Params travel as JSON (Prefect parameters, MLflow, Dask), where mapping keys are
+        # strings: normalise once here so a spec equals itself after a round trip.
+        try:
+            return json.loads(json.dumps(value))
+        except (TypeError, ValueError) as e:
+            raise ValueError(
+                f"must be plain JSON values (numbers, strings, lists, maps): {e}"
+            ) from None
+
+    def resolve(self) -> type:
+        """The :class:`~pipetune.workloads.Workload` subclass ``name`` refers to."""
+        from pipetune.workloads import resolve_workload
+
+        try:
+            return resolve_workload(self.name)
+        except WorkloadError as e:
+            raise SpecError("workload.name", str(e)) from None
+
+    def build(self) -> Any:
+        """A fresh workload instance: ``resolve()(**params)``."""
+        return self.resolve()(**self.params)
+
+
+class SystemSpec(_Section):
+    """``default``: the config epoch 1 runs under; ``space``: candidates per knob.
+
+    A candidate is the default with one knob changed, so each value must make a
+    valid config in that position. Whether they fit the machine is
+    :meth:`check_machine`, which :class:`JobSpec` validation calls.
+    """
+
+    default: SystemConfigField = Field(default_factory=SystemConfig)
+    space: dict[str, list[Any]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _valid_candidates(self) -> SystemSpec:
+        for knob, values in self.space.items():
+            where = f"system.space.{knob}"
+            if knob not in KNOBS:
+                raise SpecError(where, f"unknown knob; allowed: {', '.join(KNOBS)}")
+            if not values:
+                raise SpecError(where, "must list at least one value")
+            for i, v in enumerate(values):
+                if any(type(v) is type(w) and v == w for w in values[:i]):
+                    raise SpecError(where, f"lists {v!r} twice")
+                try:
+                    self.default.replace(**{knob: v})
+                except SystemConfigError as e:
+                    raise SystemConfigError(where, e.message) from None
+        return self
+
+    def check_machine(self, machine: MachineInfo | None = None) -> None:
+        """Reject a default or candidate config ``machine`` (default: this one) cannot
+        honour, naming ``system.default.<knob>`` or ``system.space.<knob>``."""
+        machine = machine or _this_machine()
+        self.default.check_machine(machine, where="system.default")
+        for knob, configs in self.candidates().items():
+            for config in configs:
+                try:
+                    config.check_machine(machine, where="system.space")
+                except SystemConfigError as e:
+                    raise SystemConfigError(f"system.space.{knob}", e.message) from None
+
+    def candidates(self) -> dict[str, list[SystemConfig]]:
+        """Per knob, the default with that knob set to each listed value."""
+        return {
+            knob: [self.default.replace(**{knob: v}) for v in values]
+            for knob, values in self.space.items()
+        }
+
+
+class SearchSpec(_Section):
+    """How hyperparameter configurations are chosen."""
+
+    algorithm: Literal["random", "grid", "tpe"] = "tpe"
+    trials: int = Field(ge=1, le=100_000)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    max_concurrent: int = Field(1, ge=1, le=4096)
+    grid_points: int = Field(3, ge=2)
+
+
+class EarlyStoppingSpec(_Section):
+    """Epoch budget and early-stopping policy (``asha`` or ``none``)."""
+
+    policy: Literal["asha", "none"] = "asha"
+    min_epochs: int = Field(1, ge=1)
+    max_epochs: int = Field(ge=1)
+    reduction_factor: int = Field(2, ge=2)
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> EarlyStoppingSpec:
+        if self.min_epochs > self.max_epochs:
+            raise SpecError(
+                "early_stopping.min_epochs",
+                f"must be <= max_epochs ({self.max_epochs}), got {self.min_epochs}",
+            )
+        return self
+
+
+class ObjectiveSpec(_Section):
+    """``metric`` to optimise (default: the workload's first metric) in ``mode``;
+    ``system``: what the system tuner minimises per sample, ``time`` or ``energy``."""
+
+    metric: str | None = None
+    mode: Literal["max", "min"] = "max"
+    system: Literal["time", "energy"] = "time"
+
+
+class SimilaritySpec(_Section):
+    """Ground-truth clustering: at most ``max_clusters`` k-means clusters; a profile is
+    new when farther from its centroid than ``max(min_bound, bound_factor * spread)``."""
+
+    max_clusters: int = Field(8, ge=1)
+    bound_factor: float = Field(2.0, gt=0)
+    min_bound: float = Field(2.0, gt=0)
+
+
+class PipetuneSpec(_Section):
+    """The in-trial system tuner: on or off, how it probes, how it matches profiles."""
+
+    enabled: bool = True
+    probe_plan: Literal["one_knob"] = "one_knob"
+    max_probes: int | None = Field(None, ge=1)
+    similarity: SimilaritySpec = Field(default_factory=SimilaritySpec)
+
+
+class ProfilerSpec(_Section):
+    """Epoch profiling: steps sampled for the operator mix, the energy model's watts
+    per busy core, and whether to read hardware counters with ``perf``."""
+
+    op_mix_steps: int = Field(10, ge=1)
+    watts_per_core: float = Field(10.0, gt=0)
+    perf: Literal["auto", "off"] = "auto"
