@@ -36,9 +36,10 @@ from pipetune.groundtruth import GroundTruth
 from pipetune.home import pipetune_home
 from pipetune.journal import StudyJournal, find_study, studies_root
 from pipetune.progress import notify
+from pipetune.reports import orchestration_overhead, overhead_summary
 from pipetune.spec import JobSpec, load_spec
 from pipetune.states import TrialState
-from pipetune.study import StepEvent, Study, orchestration_overhead, overhead_summary
+from pipetune.study import StepEvent, Study
 from pipetune.tracking import StudyTracker, default_tracking_uri
 from tasks import PrefectEpochBackend
 from tasks.records import TaskRunRecord, api_url

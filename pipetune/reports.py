@@ -1,8 +1,12 @@
-"""Tables and pictures of a study: the trials table and the timeline."""
+"""What a study did, read off the engine: its summary, the trials table, the timeline
+and the orchestration-overhead figures. Nothing here changes the study."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+import statistics
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from pipetune.states import TrialState
 
@@ -11,8 +15,74 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from pipetune.study import Study
+    from pipetune.system.config import SystemConfig
 
 PHASE_COLOURS = {"profile": "#f2a541", "probe": "#5b8def", "train": "#54b36b"}
+
+
+@dataclass(frozen=True)
+class StudySummary:
+    """The headline numbers of a finished (or running) study."""
+
+    trials: int
+    completed: int
+    stopped: int
+    failed: int
+    epochs_run: int
+    probe_epochs: int
+    groundtruth_hits: int
+    groundtruth_lookups: int
+    best_trial: int | None
+    best_value: float | None
+    best_params: dict[str, Any] | None
+    best_system: SystemConfig | None
+    energy_j: float
+    energy_source: str
+    compute_s: float
+
+    def to_metrics(self) -> dict[str, float]:
+        out = {
+            "trials": self.trials,
+            "trials_completed": self.completed,
+            "trials_stopped": self.stopped,
+            "trials_failed": self.failed,
+            "epochs_run": self.epochs_run,
+            "probe_epochs": self.probe_epochs,
+            "groundtruth_hits": self.groundtruth_hits,
+            "groundtruth_lookups": self.groundtruth_lookups,
+            "energy_j": self.energy_j,
+            "epoch_compute_s": self.compute_s,
+        }
+        if self.best_value is not None:
+            out["best_value"] = self.best_value
+            out["best_trial"] = self.best_trial
+        return {k: float(v) for k, v in out.items()}
+
+
+def study_summary(study: Study) -> StudySummary:
+    """The headline numbers of ``study`` (what :meth:`Study.summary` returns)."""
+    trials = list(study.trials.values())
+    results = [r for t in trials for r in t.results]
+    best = study.best_trial()
+    sources = sorted({r.measurement.energy_source for r in results})
+    lookups = [t.match for t in trials if t.match is not None]
+    return StudySummary(
+        trials=len(trials),
+        completed=sum(t.state == TrialState.COMPLETE for t in trials),
+        stopped=sum(t.state == TrialState.STOPPED for t in trials),
+        failed=sum(t.state == TrialState.FAILED for t in trials),
+        epochs_run=len(results),
+        probe_epochs=sum(t.probe_epochs for t in trials),
+        groundtruth_hits=sum(1 for m in lookups if m.hit),
+        groundtruth_lookups=len(lookups),
+        best_trial=best.trial_id if best else None,
+        best_value=best.last_value(study.metric) if best else None,
+        best_params=dict(best.params) if best else None,
+        best_system=best.final_system if best else None,
+        energy_j=sum(r.measurement.energy_j for r in results),
+        energy_source="+".join(sources) if sources else "none",
+        compute_s=sum(r.measurement.wall_s for r in results),
+    )
 
 
 def trials_table(study: Study) -> pd.DataFrame:
@@ -81,3 +151,52 @@ def timeline_figure(study: Study) -> Figure:
               loc="lower right", fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def orchestration_overhead(study: Study) -> list[dict[str, float]]:
+    """Per epoch: where the time around its own compute went.
+
+    ``round_trip_s``: handed to the executor -> result back in the loop, minus the
+    time the worker spent on the epoch (task submission, scheduling, state updates,
+    result transfer). ``worker_extra_s``: model rebuild + checkpoint load, and the
+    checkpoint snapshot (its write is in the background). ``build_s`` (not overhead):
+    the workload's constructor, i.e. loading its data, once per worker process.
+    ``loop_gap_s``: result back -> the trial's next epoch ready (ground-truth lookup,
+    tuning decision, tracking). ``compute_s``: training + evaluation. ``core_wait_s``
+    (not overhead): ready -> handed out, waiting for the cores its config reserves.
+    """
+    rows = []
+    for trial in study.trials.values():
+        for i, r in enumerate(trial.results):
+            ready, handed, back = study.epoch_times.get(
+                (r.trial_id, r.epoch), (math.nan, math.nan, math.nan))
+            nxt = study.epoch_times.get((r.trial_id, r.epoch + 1))
+            worker_s = r.finished - r.started
+            rows.append({
+                "trial": r.trial_id,
+                "epoch": r.epoch,
+                "compute_s": r.measurement.wall_s + r.eval_s,
+                "round_trip_s": (back - handed) - worker_s,
+                "worker_extra_s": r.setup_s - r.build_s + r.checkpoint_s,
+                "build_s": r.build_s,
+                "loop_gap_s": (nxt[0] - back) if nxt and i + 1 < len(trial.results) else 0.0,
+                "core_wait_s": handed - ready,
+            })
+    for row in rows:
+        row["overhead_s"] = row["round_trip_s"] + row["worker_extra_s"] + row["loop_gap_s"]
+    return rows
+
+
+def overhead_summary(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Medians per epoch and the overhead's share of the epochs' critical path:
+    ``sum(overhead) / sum(overhead + compute)``."""
+    if not rows:
+        return {}
+    overhead = sum(r["overhead_s"] for r in rows)
+    compute = sum(r["compute_s"] for r in rows)
+    out = {
+        f"orchestration_{key}_median": statistics.median(r[key] for r in rows)
+        for key in ("overhead_s", "round_trip_s", "worker_extra_s", "loop_gap_s", "core_wait_s")
+    }
+    out["orchestration_share"] = overhead / (overhead + compute) if overhead + compute else 0.0
+    return out

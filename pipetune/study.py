@@ -20,21 +20,17 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pipetune.replay import replay as replay_journal
+from pipetune.reports import StudySummary, study_summary
 from pipetune.runner import EpochResult, EpochTask
 from pipetune.schedulers import Decision, make_scheduler
 from pipetune.searchers import TrialState, make_searcher
 from pipetune.spec import split_system_params
 from pipetune.system.config import MachineInfo, SystemConfig
-from pipetune.tuner import (
-    EpochObservation,
-    GroundTruthMatch,
-    Phase,
-    SystemTuner,
-    TuningDecision,
-)
+from pipetune.trial import StepEvent, Trial
+from pipetune.tuner import EpochObservation, GroundTruthMatch, Phase, SystemTuner, TuningDecision
 
 if TYPE_CHECKING:
     from pipetune.backends import EpochBackend
@@ -43,100 +39,11 @@ if TYPE_CHECKING:
     from pipetune.journal import Event, StudyJournal
     from pipetune.spec import JobSpec
 
-
-@dataclass
-class Trial:
-    """A hyperparameter trial and everything observed of it so far."""
-
-    trial_id: int
-    params: dict[str, Any]
-    seed: int
-    state: TrialState = TrialState.RUNNING
-    results: list[EpochResult] = field(default_factory=list)
-    history: list[EpochObservation] = field(default_factory=list)
-    match: GroundTruthMatch | None = None
-    decisions: list[TuningDecision] = field(default_factory=list)
-    recorded: SystemConfig | None = None
-    error: str | None = None
-    #: Set when the search space holds system knobs (joint tuning): every epoch runs
-    #: under it and the system tuner is not consulted.
-    fixed_system: SystemConfig | None = None
-
-    @property
-    def epochs_run(self) -> int:
-        return len(self.results)
-
-    @property
-    def probe_epochs(self) -> int:
-        return sum(1 for r in self.results if r.phase is Phase.PROBE)
-
-    @property
-    def checkpoint(self) -> str | None:
-        return self.results[-1].checkpoint if self.results else None
-
-    def last_value(self, metric: str) -> float | None:
-        return self.results[-1].metrics.get(metric) if self.results else None
-
-    @property
-    def final_system(self) -> SystemConfig | None:
-        """The config the trial settled on: the one its probes chose (and recorded), even
-        when the trial ended right after probing; else its last epoch's."""
-        if self.recorded is not None:
-            return self.recorded
-        return self.results[-1].system if self.results else None
-
-
-@dataclass(frozen=True)
-class StudySummary:
-    """The headline numbers of a finished (or running) study."""
-
-    trials: int
-    completed: int
-    stopped: int
-    failed: int
-    epochs_run: int
-    probe_epochs: int
-    groundtruth_hits: int
-    groundtruth_lookups: int
-    best_trial: int | None
-    best_value: float | None
-    best_params: dict[str, Any] | None
-    best_system: SystemConfig | None
-    energy_j: float
-    energy_source: str
-    compute_s: float
-
-    def to_metrics(self) -> dict[str, float]:
-        out = {
-            "trials": self.trials,
-            "trials_completed": self.completed,
-            "trials_stopped": self.stopped,
-            "trials_failed": self.failed,
-            "epochs_run": self.epochs_run,
-            "probe_epochs": self.probe_epochs,
-            "groundtruth_hits": self.groundtruth_hits,
-            "groundtruth_lookups": self.groundtruth_lookups,
-            "energy_j": self.energy_j,
-            "epoch_compute_s": self.compute_s,
-        }
-        if self.best_value is not None:
-            out["best_value"] = self.best_value
-            out["best_trial"] = self.best_trial
-        return {k: float(v) for k, v in out.items()}
+__all__ = ["StepEvent", "Study", "StudyStuck", "StudySummary", "Trial", "run_study_locally"]
 
 
 class StudyStuck(RuntimeError):
     """The engine has nothing to run and nothing running, yet the study is not done."""
-
-
-@dataclass(frozen=True)
-class StepEvent:
-    """What one :meth:`Study.step` did: the trial whose epoch finished, that epoch's
-    result (None when it failed), and whether the trial has now ended."""
-
-    trial: Trial
-    result: EpochResult | None
-    ended: bool
 
 
 class Study:
@@ -417,72 +324,8 @@ class Study:
 
     def replay(self, events: list[Event], *, checkpoint_exists: Callable[[str], bool]) -> int:
         """Bring a fresh engine to where the journal's study stopped; return the number
-        of finished epochs taken over (they are not run again).
-
-        The events are fed to the same methods, in the same order, so the searcher is
-        asked and told, the scheduler sees each result, and each trial gets its match
-        and decisions exactly as before. What was running when the study stopped is
-        queued again: a trial's interrupted epoch restarts from its last checkpoint.
-        A running trial whose newest checkpoints never reached storage (their write
-        was still in the background) gives those epochs back: they run again.
-        """
-        from pipetune.journal import JournalError
-
-        if self.trials:
-            raise JournalError("replay needs a fresh study")
-        keep = self._replayable(events, checkpoint_exists)
-        self._replaying = True
-        try:
-            for event in events:
-                if not keep(event):
-                    continue
-                if event.kind == "start":
-                    task = self._start_trial()
-                    trial = self.trials.get(event.trial)
-                    if task is None or trial is None or trial.params != event.data:
-                        raise JournalError(
-                            f"study {self.study_id}: the searcher no longer proposes trial "
-                            f"{event.trial} with {event.data} (was the job changed?)")
-                    self._queue.append(task)
-                elif event.kind == "result":
-                    self._unqueue(event.trial, event.data.epoch)
-                    self.on_epoch_done(event.data)
-                    self.resumed_epochs += 1
-                elif event.kind == "failed":
-                    self._unqueue(event.trial, event.data[0])
-                    self.on_epoch_failed(event.trial, *event.data)
-                elif event.kind == "match":
-                    self.set_match(event.trial, event.data)
-                elif event.kind == "decision":
-                    self.apply_decision(event.trial, event.data)
-        finally:
-            self._replaying = False
-        return self.resumed_epochs
-
-    def _unqueue(self, trial_id: int, epoch: int) -> None:
-        self._queue = deque(t for t in self._queue
-                            if (t.trial_id, t.epoch) != (trial_id, epoch))
-
-    @staticmethod
-    def _replayable(events: list[Event], checkpoint_exists: Callable[[str], bool]):
-        """Which events to replay: all but, for each trial the journal leaves running,
-        its results past the last one whose checkpoint is on storage (and the match and
-        decisions that followed them)."""
-        ended = {e.trial for e in events if e.kind == "failed"}
-        results: dict[int, list[Event]] = {}
-        for e in events:
-            if e.kind == "result":
-                results.setdefault(e.trial, []).append(e)
-        cut: dict[int, int] = {}  # trial -> seq of the first event dropped
-        for trial, rs in results.items():
-            if trial in ended:
-                continue
-            good = len(rs)
-            while good and not checkpoint_exists(rs[good - 1].data.checkpoint):
-                good -= 1
-            if good < len(rs):
-                cut[trial] = rs[good].seq
-        return lambda e: e.trial not in cut or e.seq < cut[e.trial] or e.kind == "start"
+        of finished epochs taken over (they are not run again). See :mod:`pipetune.replay`."""
+        return replay_journal(self, events, checkpoint_exists)
 
     # -- the loop ---------------------------------------------------------------------
     def step(
@@ -591,28 +434,7 @@ class Study:
         return max(scored, key=lambda t: (sign * t.last_value(self.metric), -t.trial_id))
 
     def summary(self) -> StudySummary:
-        trials = list(self.trials.values())
-        results = [r for t in trials for r in t.results]
-        best = self.best_trial()
-        sources = sorted({r.measurement.energy_source for r in results})
-        lookups = [t.match for t in trials if t.match is not None]
-        return StudySummary(
-            trials=len(trials),
-            completed=sum(t.state == TrialState.COMPLETE for t in trials),
-            stopped=sum(t.state == TrialState.STOPPED for t in trials),
-            failed=sum(t.state == TrialState.FAILED for t in trials),
-            epochs_run=len(results),
-            probe_epochs=sum(t.probe_epochs for t in trials),
-            groundtruth_hits=sum(1 for m in lookups if m.hit),
-            groundtruth_lookups=len(lookups),
-            best_trial=best.trial_id if best else None,
-            best_value=best.last_value(self.metric) if best else None,
-            best_params=dict(best.params) if best else None,
-            best_system=best.final_system if best else None,
-            energy_j=sum(r.measurement.energy_j for r in results),
-            energy_source="+".join(sources) if sources else "none",
-            compute_s=sum(r.measurement.wall_s for r in results),
-        )
+        return study_summary(self)
 
 
 def run_study_locally(study: Study, run=None) -> Study:
@@ -624,54 +446,3 @@ def run_study_locally(study: Study, run=None) -> Study:
     from pipetune.backends import LocalBackend
 
     return study.run(LocalBackend(run))
-
-
-def orchestration_overhead(study: Study) -> list[dict[str, float]]:
-    """Per epoch: where the time around its own compute went.
-
-    ``round_trip_s``: handed to the executor -> result back in the loop, minus the
-    time the worker spent on the epoch (task submission, scheduling, state updates,
-    result transfer). ``worker_extra_s``: model rebuild + checkpoint load, and the
-    checkpoint snapshot (its write is in the background). ``build_s`` (not overhead):
-    the workload's constructor, i.e. loading its data, once per worker process.
-    ``loop_gap_s``: result back -> the trial's next epoch ready (ground-truth lookup,
-    tuning decision, tracking). ``compute_s``: training + evaluation. ``core_wait_s``
-    (not overhead): ready -> handed out, waiting for the cores its config reserves.
-    """
-    rows = []
-    for trial in study.trials.values():
-        for i, r in enumerate(trial.results):
-            ready, handed, back = study.epoch_times.get(
-                (r.trial_id, r.epoch), (math.nan, math.nan, math.nan))
-            nxt = study.epoch_times.get((r.trial_id, r.epoch + 1))
-            worker_s = r.finished - r.started
-            rows.append({
-                "trial": r.trial_id,
-                "epoch": r.epoch,
-                "compute_s": r.measurement.wall_s + r.eval_s,
-                "round_trip_s": (back - handed) - worker_s,
-                "worker_extra_s": r.setup_s - r.build_s + r.checkpoint_s,
-                "build_s": r.build_s,
-                "loop_gap_s": (nxt[0] - back) if nxt and i + 1 < len(trial.results) else 0.0,
-                "core_wait_s": handed - ready,
-            })
-    for row in rows:
-        row["overhead_s"] = row["round_trip_s"] + row["worker_extra_s"] + row["loop_gap_s"]
-    return rows
-
-
-def overhead_summary(rows: list[dict[str, float]]) -> dict[str, float]:
-    """Medians per epoch and the overhead's share of the epochs' critical path:
-    ``sum(overhead) / sum(overhead + compute)``."""
-    import statistics
-
-    if not rows:
-        return {}
-    overhead = sum(r["overhead_s"] for r in rows)
-    compute = sum(r["compute_s"] for r in rows)
-    out = {
-        f"orchestration_{key}_median": statistics.median(r[key] for r in rows)
-        for key in ("overhead_s", "round_trip_s", "worker_extra_s", "loop_gap_s", "core_wait_s")
-    }
-    out["orchestration_share"] = overhead / (overhead + compute) if overhead + compute else 0.0
-    return out

@@ -39,7 +39,7 @@ class StrategyResult:
     compute_s: float
     overhead_median_s: float
     study_run_id: str | None = None
-    #: The overhead split as :func:`pipetune.study.orchestration_overhead` splits it:
+    #: The overhead split as :func:`pipetune.reports.orchestration_overhead` splits it:
     #: task round trip, worker-side rebuild + checkpoint I/O, loop gap between epochs.
     overhead_parts_s: dict[str, float] = field(default_factory=dict)
     #: Wall time of the whole run as the user would wait for it: for optuna-plain its
@@ -69,7 +69,7 @@ def result_from_study(
     strategy: str, study: Study, wall_s: float, study_run_id: str | None = None
 ) -> StrategyResult:
     """Reduce a finished study to its :class:`StrategyResult`."""
-    from pipetune.study import orchestration_overhead
+    from pipetune.reports import orchestration_overhead
 
     summary = study.summary()
     best = study.best_trial()

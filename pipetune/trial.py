@@ -1,0 +1,71 @@
+"""A trial as the engine keeps it (params, seed, state, everything observed), and
+what one engine step did to a trial.
+
+The engine (:class:`pipetune.study.Study`) writes them; the executors' callbacks,
+tracking, reports and the benchmark read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pipetune.states import Phase, TrialState
+
+if TYPE_CHECKING:
+    from pipetune.runner import EpochResult
+    from pipetune.states import GroundTruthMatch
+    from pipetune.system.config import SystemConfig
+    from pipetune.tuner import EpochObservation, TuningDecision
+
+
+@dataclass
+class Trial:
+    """A hyperparameter trial and everything observed of it so far."""
+
+    trial_id: int
+    params: dict[str, Any]
+    seed: int
+    state: TrialState = TrialState.RUNNING
+    results: list[EpochResult] = field(default_factory=list)
+    history: list[EpochObservation] = field(default_factory=list)
+    match: GroundTruthMatch | None = None
+    decisions: list[TuningDecision] = field(default_factory=list)
+    recorded: SystemConfig | None = None
+    error: str | None = None
+    #: Set when the search space holds system knobs (joint tuning): every epoch runs
+    #: under it and the system tuner is not consulted.
+    fixed_system: SystemConfig | None = None
+
+    @property
+    def epochs_run(self) -> int:
+        return len(self.results)
+
+    @property
+    def probe_epochs(self) -> int:
+        return sum(1 for r in self.results if r.phase is Phase.PROBE)
+
+    @property
+    def checkpoint(self) -> str | None:
+        return self.results[-1].checkpoint if self.results else None
+
+    def last_value(self, metric: str) -> float | None:
+        return self.results[-1].metrics.get(metric) if self.results else None
+
+    @property
+    def final_system(self) -> SystemConfig | None:
+        """The config the trial settled on: the one its probes chose (and recorded), even
+        when the trial ended right after probing; else its last epoch's."""
+        if self.recorded is not None:
+            return self.recorded
+        return self.results[-1].system if self.results else None
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """What one :meth:`pipetune.study.Study.step` did: the trial whose epoch finished,
+    that epoch's result (None when it failed), and whether the trial has now ended."""
+
+    trial: Trial
+    result: EpochResult | None
+    ended: bool
