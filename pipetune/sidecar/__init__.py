@@ -5,8 +5,9 @@ The study loop hands its bookkeeping (MLflow writes, the Prefect task-run record
 time, by a host:
 
 - :class:`ThreadHost` calls them in a daemon thread of this process;
-- :class:`ProcessHost` calls them in a child process (``python -m pipetune.sidecar``),
-  so their CPU work never holds this process's GIL while the loop waits for an epoch.
+- :class:`ProcessHost` calls them in a child process (``python -m pipetune.sidecar``,
+  whose loop is :mod:`pipetune.sidecar.__main__`), so their CPU work never holds this
+  process's GIL while the loop waits for an epoch.
   Measured here: MLflow's SQLAlchemy writes and Prefect's task-run bookkeeping in
   threads of the study process added 70-100 ms to every epoch's round trip.
 
@@ -26,14 +27,12 @@ import logging
 import os
 import pickle
 import queue
-import signal
 import struct
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
-from typing import Any, BinaryIO, NoReturn
+from typing import Any, BinaryIO
 
 logger = logging.getLogger(__name__)
 
@@ -360,22 +359,6 @@ def _read_message(pipe: BinaryIO) -> Any | None:
     return pickle.loads(data)
 
 
-def _pack(value: Any, error: BaseException | None) -> tuple[bytes, bytes | None]:
-    """A reply's value and error, pickled apart (the caller reads one even if the other
-    cannot be read there); what cannot be pickled is said in words."""
-    try:
-        value_b = pickle.dumps(value)
-    except Exception as e:  # noqa: BLE001
-        value_b = pickle.dumps(None)
-        error = error or SidecarError(f"the reply could not be sent: {type(e).__name__}: {e}")
-    if error is None:
-        return value_b, None
-    try:
-        return value_b, pickle.dumps(error)
-    except Exception:  # noqa: BLE001
-        return value_b, pickle.dumps(SidecarError(f"{type(error).__name__}: {error}"))
-
-
 def _unpack(value_b: bytes, error_b: bytes | None) -> tuple[Any, BaseException | None]:
     error: BaseException | None = None
     if error_b is not None:
@@ -387,71 +370,3 @@ def _unpack(value_b: bytes, error_b: bytes | None) -> tuple[Any, BaseException |
         return pickle.loads(value_b), error
     except Exception as e:  # noqa: BLE001
         return None, error or SidecarError(f"the reply cannot be read here: {e}")
-
-
-def main(preload: list[str]) -> NoReturn:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us after its writes
-    inp = sys.stdin.buffer
-    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
-    sys.stdout = sys.stderr  # a print in a sink must not corrupt the replies
-    out_lock = threading.Lock()
-    runner = _Runner("pipetune-recorder")  # the preload's, and any sink never attached
-
-    def replier(rid: int | None) -> Callable[[Any, BaseException | None], None] | None:
-        if rid is None:
-            return None
-
-        def reply(value: Any, error: BaseException | None) -> None:
-            data = pickle.dumps((rid, *_pack(value, error)))
-            with out_lock:
-                out.write(_HEADER.pack(len(data)) + data)
-                out.flush()
-        return reply
-
-    def warm() -> None:
-        for module in preload:
-            try:
-                importlib.import_module(module)
-            except Exception as e:  # noqa: BLE001 - the sink that needs it will say
-                logger.warning("recorder: could not preload %s: %s", module, e)
-
-    # One thread per sink: a sink that waits on a slow server (Prefect's) does not hold
-    # back another's writes (MLflow's), and each keeps its own order.
-    runners = {"_preload": runner}
-    runner.put(("attach", "_preload", lambda: warm(), None))
-    while True:
-        message = _read_message(inp)
-        if message is None:  # the parent closed our input, or died: finish, then exit
-            break
-        *item, rid = message
-        key = item[1]
-        if item[0] == "attach" and key not in runners:
-            runners[key] = _Runner(f"pipetune-recorder-{key}")
-        target = runners.get(key, runner)
-        target.put((*item, replier(rid)))
-        if item[0] == "detach" and key in runners and key != "_preload":
-            runners.pop(key).put(("stop", None))
-    for each in runners.values():
-        each.put(("stop", None))
-    # Our input closed: a normal stop, or the parent died. What was sent gets up to
-    # DRAIN_S to be written (a dead parent's servers may be gone too), then we go.
-    deadline = time.monotonic() + DRAIN_S
-    for each in runners.values():
-        each.join(max(0.0, deadline - time.monotonic()))
-    if any(each.alive() for each in runners.values()):
-        logger.warning("recorder: writes still pending after %s s; exiting", DRAIN_S)
-        sys.stderr.flush()
-        os._exit(1)
-    # Everything sent is written: leave without the interpreter's teardown of mlflow,
-    # prefect and pandas (1-2 s the parent's exit waited for).
-    logging.shutdown()
-    out.flush()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-if __name__ == "__main__":  # run as pipetune.sidecar, so its errors unpickle in the parent
-    from pipetune.sidecar import main as _main
-
-    _main(sys.argv[1:])

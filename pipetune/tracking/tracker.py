@@ -1,262 +1,28 @@
-"""MLflow record of a study: one parent run, one child run per trial.
-
-Only the process that owns the study loop writes here; workers return results. The
-tracking store and the experiment are created once, before any fan-out (several
-processes creating one fresh SQLite store at once fail).
-
-Per-trial writes (child runs, epoch metrics, trial outcomes) go to an
-:class:`MlflowSink` in a recorder process (:mod:`pipetune.sidecar`), so the study loop
-never waits on the tracking store nor shares its GIL with SQLAlchemy: the sink merges
-what was sent for a run into batched ``log_batch`` calls. :meth:`StudyTracker.flush`
-waits for everything sent so far.
-"""
+"""The study's view of its MLflow record: :class:`StudyTracker` creates (or resumes) the
+parent run, sends each epoch and trial outcome to an :class:`~pipetune.tracking.sink.MlflowSink`
+and writes the study's summary, tables and best model at the end."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
 import logging
-import os
 import tempfile
 import time
-from collections.abc import Hashable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipetune.states import TrialState
+from pipetune.tracking import DEFAULT_EXPERIMENT, ensure_experiment, mlflow_client
+from pipetune.tracking.sink import MlflowSink, as_metric
 
 if TYPE_CHECKING:
-    from mlflow.entities import Metric, Param, RunTag
     from mlflow.tracking import MlflowClient
 
     from pipetune.runner import EpochResult
     from pipetune.spec import JobSpec
     from pipetune.study import Study, Trial
 
-#: Experiment every study is filed under unless the caller names another.
-DEFAULT_EXPERIMENT = "pipetune"
-
-
-def default_tracking_uri(cwd: str | Path | None = None) -> str:
-    """``MLFLOW_TRACKING_URI`` if set, else a SQLite file ``mlflow.db`` in the working folder."""
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
-    folder = Path(cwd or os.getcwd()).resolve()
-    return f"sqlite:///{folder / 'mlflow.db'}"
-
-
-def _artifact_root(tracking_uri: str) -> str | None:
-    """Artifacts of a SQLite store go beside the database file, not into the cwd."""
-    if tracking_uri.startswith("sqlite:///"):
-        db = Path(tracking_uri[len("sqlite:///"):])
-        return (db.parent / "mlartifacts").resolve().as_uri()
-    return None
-
-
-def ensure_experiment(tracking_uri: str, name: str = DEFAULT_EXPERIMENT) -> str:
-    """Create the store and the experiment if needed; return the experiment id.
-
-    For a SQLite store this holds a file lock beside the database while MLflow creates
-    or migrates its schema: two commands starting at once on a fresh store both failed
-    there (``table _alembic_tmp_... already exists``)."""
-
-    with _store_lock(tracking_uri):
-        client = mlflow_client(tracking_uri)
-        experiment = client.get_experiment_by_name(name)
-        if experiment is not None:
-            return experiment.experiment_id
-        return client.create_experiment(name, artifact_location=_artifact_root(tracking_uri))
-
-
-@contextlib.contextmanager
-def _store_lock(tracking_uri: str) -> Iterator[None]:
-    if not tracking_uri.startswith("sqlite:///"):
-        yield  # a tracking server serialises its own schema
-        return
-    import fcntl
-
-    db = Path(tracking_uri[len("sqlite:///"):])
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.with_name(db.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _metric(key: str, value: float, step: int, timestamp_ms: int):
-    from mlflow.entities import Metric
-
-    return Metric(key=key, value=float(value), timestamp=timestamp_ms, step=step)
-
-
 logger = logging.getLogger(__name__)
-
-#: Back-off (seconds) between tries of an MLflow call SQLite refused as locked, after
-#: its own 5 s busy wait: many studies writing one SQLite store at once.
-LOCKED_BACKOFF_S = (0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4)
-
-
-class RetryingClient:
-    """An ``MlflowClient`` whose calls are tried again, with back-off, while SQLite
-    answers ``database is locked`` (a refused SQLite transaction is rolled back
-    whole, so a second try never writes twice); any other error is raised at once."""
-
-    def __init__(self, client: Any):
-        self._client = client
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._client, name)
-        if not callable(attr):
-            return attr
-
-        @functools.wraps(attr)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            for delay in (*LOCKED_BACKOFF_S, None):
-                try:
-                    return attr(*args, **kwargs)
-                except Exception as e:
-                    if delay is None or "database is locked" not in str(e):
-                        raise
-                    logger.info("MLflow store locked (%s); trying again in %.1f s", name, delay)
-                    time.sleep(delay)
-            raise AssertionError("unreachable")
-
-        return call
-
-
-def mlflow_client(tracking_uri: str | None) -> RetryingClient:
-    """An MLflow client on ``tracking_uri`` that rides out a locked SQLite store."""
-    from mlflow.tracking import MlflowClient
-
-    return RetryingClient(MlflowClient(tracking_uri))
-
-#: MLflow's limits on one ``log_batch`` call (``mlflow.utils.validation``).
-MAX_METRICS_PER_BATCH = 1000
-MAX_PARAMS_PER_BATCH = 100
-MAX_TAGS_PER_BATCH = 100
-MAX_ENTITIES_PER_BATCH = 1000
-
-
-def batches(
-    metrics: Sequence[Metric], params: Sequence[Param], tags: Sequence[RunTag]
-) -> Iterator[tuple[list[Metric], list[Param], list[RunTag]]]:
-    """Split one run's writes into ``log_batch`` calls within MLflow's limits, in order."""
-    m, p, t = 0, 0, 0
-    while m < len(metrics) or p < len(params) or t < len(tags):
-        ps = list(params[p:p + MAX_PARAMS_PER_BATCH])
-        ts = list(tags[t:t + MAX_TAGS_PER_BATCH])
-        room = min(MAX_METRICS_PER_BATCH, MAX_ENTITIES_PER_BATCH - len(ps) - len(ts))
-        ms = list(metrics[m:m + room])
-        m, p, t = m + len(ms), p + len(ps), t + len(ts)
-        yield ms, ps, ts
-
-
-@dataclass
-class _Buffer:
-    """What is queued for one run: metrics in order, params and tags by key (last wins,
-    as writing them one after the other would leave them)."""
-
-    metrics: list[tuple[str, float, int, int]] = field(default_factory=list)
-    params: dict[str, str] = field(default_factory=dict)
-    tags: dict[str, str] = field(default_factory=dict)
-
-
-class WriterError(RuntimeError):
-    """The background MLflow writer cannot finish what was queued (it died or timed out)."""
-
-
-class MlflowSink:
-    """The writing end of a :class:`StudyTracker`, run by a :mod:`pipetune.sidecar`
-    host (a child process by default, a thread when the tracker is given a client).
-
-    Metrics, params and tags sent for a run with :meth:`log` are buffered and merged
-    into as few ``log_batch`` calls as MLflow's limits allow when the host is idle or
-    before any other write (so the order things were sent in is the order they land).
-    A run is a run id, or ``("trial", trial_id)`` for a child run this sink created.
-    """
-
-    def __init__(self, *, experiment_id: str, parent_run_id: str, tags: dict[str, str],
-                 tracking_uri: str | None = None, client: MlflowClient | None = None,
-                 children: dict[int, str] | None = None):
-        self.client = client if client is not None else mlflow_client(tracking_uri)
-        self.experiment_id = experiment_id
-        self.parent_run_id = parent_run_id
-        self.tags = tags
-        self._children: dict[int, str] = dict(children or {})
-        self._pending: dict[Hashable, _Buffer] = {}
-
-    def _run_id(self, run: Hashable) -> str:
-        if isinstance(run, tuple):
-            try:
-                return self._children[run[1]]
-            except KeyError:
-                raise WriterError(f"trial {run[1]} has no MLflow run (creating it failed)") \
-                    from None
-        return str(run)
-
-    def log(self, run: Hashable, metrics: Sequence[tuple[str, float, int, int]] = (),
-            params: Sequence[tuple[str, str]] = (), tags: Sequence[tuple[str, str]] = ()) -> None:
-        buf = self._pending.setdefault(run, _Buffer())
-        buf.metrics.extend(metrics)
-        buf.params.update(params)
-        buf.tags.update(tags)
-
-    def idle(self) -> None:
-        """Write everything buffered; raise the first failure after trying every run."""
-        from mlflow.entities import Param, RunTag
-
-        pending, self._pending = self._pending, {}
-        error: Exception | None = None
-        for run, buf in pending.items():
-            try:
-                run_id = self._run_id(run)
-                for metrics, params, tags in batches(
-                    [_metric(*m) for m in buf.metrics],
-                    [Param(k, v) for k, v in buf.params.items()],
-                    [RunTag(k, v) for k, v in buf.tags.items()],
-                ):
-                    self.client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
-            except Exception as e:  # noqa: BLE001 - the other runs are still written
-                if error is None:
-                    error = e
-                else:
-                    logger.warning("MLflow write failed too: %s: %s", type(e).__name__, e)
-        if error is not None:
-            raise error
-
-    def create_child(self, trial_id: int) -> None:
-        self.idle()
-        run = self.client.create_run(
-            self.experiment_id,
-            run_name=f"trial-{trial_id}",
-            tags={
-                **self.tags,
-                "mlflow.parentRunId": self.parent_run_id,
-                "pipetune.kind": "trial",
-                "pipetune.trial_id": str(trial_id),
-            },
-        )
-        self._children[trial_id] = run.info.run_id
-
-    def log_profiles(self, run: Hashable, rows: list[dict[str, Any]]) -> None:
-        import pandas as pd
-
-        self.idle()
-        self.client.log_text(self._run_id(run), pd.DataFrame(rows).to_csv(index=False),
-                             "profiles.csv")
-
-    def terminate(self, run: Hashable, status: str) -> None:
-        self.idle()
-        self.client.set_terminated(self._run_id(run), status=status)
-
-    def children(self) -> dict[int, str]:
-        """Everything sent so far written; trial id -> child run id."""
-        self.idle()
-        return dict(self._children)
 
 
 class StudyTracker:
@@ -311,7 +77,7 @@ class StudyTracker:
             self._sink = self._thread_host.attach(MlflowSink(client=client, **where), "mlflow")
         else:
             self._sink = shared_host().attach(
-                "pipetune.tracking:MlflowSink", "mlflow", tracking_uri=tracking_uri, **where)
+                "pipetune.tracking.sink:MlflowSink", "mlflow", tracking_uri=tracking_uri, **where)
 
     def _resume(self, run_id: str) -> None:
         """Continue the parent run ``run_id`` and its trial runs (a resumed study)."""
@@ -460,7 +226,7 @@ class StudyTracker:
             tags.append(RunTag("best_trial_run_id", self._children[summary.best_trial]))
         self.client.log_batch(
             self.parent_run_id,
-            metrics=[_metric(k, v, 0, ts) for k, v in metrics.items()],
+            metrics=[as_metric(k, v, 0, ts) for k, v in metrics.items()],
             params=params,
             tags=tags,
         )

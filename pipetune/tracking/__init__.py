@@ -1,0 +1,162 @@
+"""MLflow record of a study: one parent run, one child run per trial.
+
+Only the process that owns the study loop writes here; workers return results. The
+tracking store and the experiment are created once, before any fan-out (several
+processes creating one fresh SQLite store at once fail).
+
+Per-trial writes (child runs, epoch metrics, trial outcomes) go to an
+:class:`MlflowSink` in a recorder process (:mod:`pipetune.sidecar`), so the study loop
+never waits on the tracking store nor shares its GIL with SQLAlchemy: the sink merges
+what was sent for a run into batched ``log_batch`` calls. :meth:`StudyTracker.flush`
+waits for everything sent so far.
+
+One module per reason to change:
+
+===================  =================================================================
+this module          the store: its URI, the experiment (created under a file lock for
+                     SQLite), a client that rides out a locked SQLite store (its
+                     back-off, ``LOCKED_BACKOFF_S``, is read here at each retry)
+``sink``             the writing end, in the recorder process: ``log_batch`` limits,
+                     buffering and batching (:class:`MlflowSink`)
+``tracker``          the study's view: parent and child runs, what an epoch, a trial
+                     and the study write (:class:`StudyTracker`)
+===================  =================================================================
+
+The names below are re-exported here; import them from :mod:`pipetune.tracking`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: Experiment every study is filed under unless the caller names another.
+DEFAULT_EXPERIMENT = "pipetune"
+
+
+def default_tracking_uri(cwd: str | Path | None = None) -> str:
+    """``MLFLOW_TRACKING_URI`` if set, else a SQLite file ``mlflow.db`` in the working folder."""
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    folder = Path(cwd or os.getcwd()).resolve()
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+def _artifact_root(tracking_uri: str) -> str | None:
+    """Artifacts of a SQLite store go beside the database file, not into the cwd."""
+    if tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri[len("sqlite:///"):])
+        return (db.parent / "mlartifacts").resolve().as_uri()
+    return None
+
+
+def ensure_experiment(tracking_uri: str, name: str = DEFAULT_EXPERIMENT) -> str:
+    """Create the store and the experiment if needed; return the experiment id.
+
+    For a SQLite store this holds a file lock beside the database while MLflow creates
+    or migrates its schema: two commands starting at once on a fresh store both failed
+    there (``table _alembic_tmp_... already exists``)."""
+
+    with _store_lock(tracking_uri):
+        client = mlflow_client(tracking_uri)
+        experiment = client.get_experiment_by_name(name)
+        if experiment is not None:
+            return experiment.experiment_id
+        return client.create_experiment(name, artifact_location=_artifact_root(tracking_uri))
+
+
+@contextlib.contextmanager
+def _store_lock(tracking_uri: str) -> Iterator[None]:
+    if not tracking_uri.startswith("sqlite:///"):
+        yield  # a tracking server serialises its own schema
+        return
+    import fcntl
+
+    db = Path(tracking_uri[len("sqlite:///"):])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+#: Back-off (seconds) between tries of an MLflow call SQLite refused as locked, after
+#: its own 5 s busy wait: many studies writing one SQLite store at once.
+LOCKED_BACKOFF_S = (0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4)
+
+
+class RetryingClient:
+    """An ``MlflowClient`` whose calls are tried again, with back-off, while SQLite
+    answers ``database is locked`` (a refused SQLite transaction is rolled back
+    whole, so a second try never writes twice); any other error is raised at once."""
+
+    def __init__(self, client: Any):
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        @functools.wraps(attr)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            for delay in (*LOCKED_BACKOFF_S, None):
+                try:
+                    return attr(*args, **kwargs)
+                except Exception as e:
+                    if delay is None or "database is locked" not in str(e):
+                        raise
+                    logger.info("MLflow store locked (%s); trying again in %.1f s", name, delay)
+                    time.sleep(delay)
+            raise AssertionError("unreachable")
+
+        return call
+
+
+def mlflow_client(tracking_uri: str | None) -> RetryingClient:
+    """An MLflow client on ``tracking_uri`` that rides out a locked SQLite store."""
+    from mlflow.tracking import MlflowClient
+
+    return RetryingClient(MlflowClient(tracking_uri))
+
+
+# The sink and the tracker stand on the store above (``mlflow_client``,
+# ``ensure_experiment``), so they are imported once it is defined.
+from pipetune.tracking.sink import (  # noqa: E402
+    MAX_ENTITIES_PER_BATCH,
+    MAX_METRICS_PER_BATCH,
+    MAX_PARAMS_PER_BATCH,
+    MAX_TAGS_PER_BATCH,
+    MlflowSink,
+    WriterError,
+    batches,
+)
+from pipetune.tracking.tracker import StudyTracker, profile_rows  # noqa: E402
+
+__all__ = [
+    "DEFAULT_EXPERIMENT",
+    "LOCKED_BACKOFF_S",
+    "MAX_ENTITIES_PER_BATCH",
+    "MAX_METRICS_PER_BATCH",
+    "MAX_PARAMS_PER_BATCH",
+    "MAX_TAGS_PER_BATCH",
+    "MlflowSink",
+    "RetryingClient",
+    "StudyTracker",
+    "WriterError",
+    "batches",
+    "default_tracking_uri",
+    "ensure_experiment",
+    "mlflow_client",
+    "profile_rows",
+]
