@@ -169,9 +169,9 @@ class SystemParam(_Param):
 
 class SearchParam(_Param):
     algorithm: Literal["random", "grid", "tpe"] = "tpe"
-    trials: int = Field(ge=1)
-    seed: int = 0
-    max_concurrent: int = Field(1, ge=1)
+    trials: int = Field(ge=1, le=100_000)
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    max_concurrent: int = Field(1, ge=1, le=4096)
     grid_points: int = Field(3, ge=2)
 
 
@@ -191,7 +191,7 @@ class ObjectiveParam(_Param):
 class SimilarityParam(_Param):
     max_clusters: int = Field(8, ge=1)
     bound_factor: float = Field(2.0, gt=0)
-    min_bound: float = Field(1.0, gt=0)
+    min_bound: float = Field(2.0, gt=0)
 
 
 class PipetuneParam(_Param):
@@ -202,7 +202,7 @@ class PipetuneParam(_Param):
 
 
 class ProfilerParam(_Param):
-    op_mix_steps: int = Field(3, ge=0)
+    op_mix_steps: int = Field(10, ge=1)
     watts_per_core: float = Field(10.0, gt=0)
     perf: Literal["auto", "off"] = "auto"
 

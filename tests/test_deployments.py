@@ -138,6 +138,14 @@ def test_the_parameter_models_mirror_the_job_spec():
     ]
     for mirror, original in pairs:
         assert list(mirror.model_fields) == list(original.model_fields), mirror.__name__
+        for name, field in original.model_fields.items():
+            copy = mirror.model_fields[name]
+            where = f"{mirror.__name__}.{name}"
+            if field.default_factory is None:  # plain defaults and bounds agree
+                assert copy.default == field.default, where
+            bounds = [m for m in field.metadata if type(m).__name__ in ("Ge", "Gt", "Le", "Lt")]
+            assert [m for m in copy.metadata if m in bounds or type(m).__name__ in (
+                "Ge", "Gt", "Le", "Lt")] == bounds, where
     assert tuple(params.SystemDefaultParam.model_fields) == KNOBS
     assert tuple(params.SystemSpaceParam.model_fields) == KNOBS
     tags = [m.model_fields["type"].annotation.__args__[0] for m in (
