@@ -115,3 +115,4 @@ def test_a_system_space_wider_than_the_cluster_workers_is_refused_before_recordi
     assert not (tmp_path / "home" / "studies").exists()
     assert MlflowClient(uri).search_experiments() == [] or not MlflowClient(uri).search_runs(
         [e.experiment_id for e in MlflowClient(uri).search_experiments()])
+

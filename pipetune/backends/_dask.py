@@ -285,19 +285,27 @@ class DaskBackend(EpochBackend):
         return EpochOutcome(task, result=result)
 
     def _reroute(self) -> None:
-        """Queue again every epoch sent to a worker that has gone since (sent from a
-        stale worker list): Dask would hold it for that worker for ever."""
+        """Queue again every epoch the scheduler cannot place (``no-worker``: sent to a
+        worker that has gone since, from a stale worker list, or asking for what no
+        live worker has): Dask would hold it for ever."""
         with self._lock:
-            if not self._sent:
-                return
-            workers = self._workers(fresh=True)
-            now = time.monotonic()
-            lost = [s for s in self._sent.values()
-                    if s.worker and s.worker not in workers and s.future.status == "pending"
-                    and now - s.sent > self.POLL_S * 10]
+            waiting = {k: s for k, s in self._sent.items()
+                       if s.future.status == "pending"
+                       and time.monotonic() - s.sent > self.POLL_S * 10}
+        if not waiting:
+            return
+        states = self.client.run_on_scheduler(_task_states, keys=list(waiting))
+        with self._lock:
+            lost = [s for k, s in waiting.items()
+                    if states.get(k) == "no-worker" and k in self._sent]
             for sent in lost:
                 del self._sent[sent.future.key]
                 self._queue.appendleft(dataclasses.replace(sent.task, cpus=()))
+            if lost:
+                self._workers_at = -math.inf
+        for sent in lost:
+            logger.warning("%s could not be placed on %s (gone?); sending it again",
+                           sent.task.name, sent.worker)
         if lost:
             self.client.cancel([s.future for s in lost], force=True)
 
@@ -403,6 +411,8 @@ class DaskBackend(EpochBackend):
 
     def evaluate(self, task: EpochTask, checkpoint: str) -> dict[str, float]:
         home = self._home.get((task.study_id, task.trial_id))
+        if home not in self._workers(fresh=True):
+            home = None  # a task held for a gone worker would wait for ever
         return self.client.submit(
             remote_evaluate, task, checkpoint, pure=False,
             resources={"cores": task.system.cores}, **_placed_on(home),
@@ -411,6 +421,11 @@ class DaskBackend(EpochBackend):
 
 def _ident(task: EpochTask) -> tuple[str, int, int]:
     return task.study_id, task.trial_id, task.epoch
+
+
+def _task_states(dask_scheduler: Any, keys: list[str]) -> dict[str, str]:
+    """The scheduler's state of each of ``keys`` still known (run on the scheduler)."""
+    return {k: dask_scheduler.tasks[k].state for k in keys if k in dask_scheduler.tasks}
 
 
 def _allowed_failures(dask_scheduler: Any) -> int:
