@@ -90,16 +90,11 @@ class DaskBackend(EpochBackend):
     would share that worker's fate: Dask counts a death against every task assigned
     to the dying worker). Until then it waits here. Hence:
 
-    * **worker loss**: an epoch whose worker died is sent once more (``retries``),
-      to a free worker, from the trial's last checkpoint; dying again fails its
-      trial as ``worker died: ...``. On a cluster whose scheduler retries itself
-      (``distributed.scheduler.allowed-failures`` > 0) the driver does not add more.
-    * **timeouts**: an epoch running longer than its task's ``timeout_s`` (counted
-      from when it was sent to its free worker, not from its queueing here) fails its
-      trial with the reason; its worker is restarted, since a thread stuck in a data
-      loader cannot be stopped otherwise, and its cores would stay taken.
-    * an epoch **no worker can ever run** (more cores than any worker has, a process
-      knob no worker advertises) fails at once, saying why, instead of waiting.
+    * **worker loss**: an epoch whose worker died is sent once more (``retries``;
+      none if the scheduler retries itself) from the trial's last checkpoint; dying
+      again fails its trial as ``worker died: ...``.
+    * **timeouts**: past its ``timeout_s`` (from when it was sent) an epoch fails its
+      trial and its worker is restarted; an epoch no worker can run fails at once.
     """
 
     WORKERS_TTL_S = 2.0
@@ -356,6 +351,12 @@ class DaskBackend(EpochBackend):
             try:
                 future = self._done.get(timeout=self.POLL_S if self._queue else 1.0)
             except queue.Empty:
+                # Dask runs every done-callback of the process on one thread: one that
+                # blocks elsewhere would hold ours back, so look at the futures too.
+                with self._lock:
+                    done = [s.future for s in self._sent.values() if s.future.done()]
+                for each in done:
+                    self._done.put(each)
                 self._time_out()
                 self._reroute()
                 continue
