@@ -106,12 +106,8 @@ def study_flow(
         tracking_uri = tracking_uri or default_tracking_uri()
         study_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         checkpoint_root = checkpoint_root or str(pipetune_home() / "checkpoints")
-    ground_truth = GroundTruth(
-        groundtruth_path,
-        max_clusters=spec.pipetune.similarity.max_clusters,
-        bound_factor=spec.pipetune.similarity.bound_factor,
-        min_bound=spec.pipetune.similarity.min_bound,
-    )
+    # The constructor takes the similarity section's fields by name: one rule, no copy.
+    ground_truth = GroundTruth(groundtruth_path, **spec.pipetune.similarity.model_dump())
     # Refusals before anything is recorded: a corrupt ground truth, a system space
     # the cluster's workers cannot run.
     if spec.pipetune.enabled:

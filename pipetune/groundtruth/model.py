@@ -49,7 +49,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from pipetune.errors import GroundTruthError, SpecError
+from pipetune.errors import GroundTruthError
 from pipetune.profiler.profile import CLUSTER_FEATURES, Profile
 from pipetune.states import GroundTruthMatch
 from pipetune.system.config import SystemConfig
@@ -95,28 +95,26 @@ class GroundTruthEntry:
 class Similarity:
     """The settings of the similarity rule (see the module docstring): at most
     ``max_clusters`` clusters, a cluster's reach ``max(min_bound, bound_factor *
-    radius)``. Checks itself; a bad value raises :class:`SpecError` naming it."""
+    radius)``. Checked by the job spec's rule (:class:`~pipetune.spec.SimilaritySpec`); a
+    bad value raises :class:`SpecError` naming it."""
 
     max_clusters: int = 8
     bound_factor: float = 2.0
     min_bound: float = 2.0
 
     def __post_init__(self) -> None:
-        max_clusters = self.max_clusters
-        if not isinstance(max_clusters, int) or isinstance(max_clusters, bool) or max_clusters < 1:
-            raise SpecError(
-                "pipetune.similarity.max_clusters", f"must be an integer >= 1, got {max_clusters!r}"
-            )
-        if not self.bound_factor >= 0:
-            raise SpecError(
-                "pipetune.similarity.bound_factor", f"must be >= 0, got {self.bound_factor!r}"
-            )
-        if not self.min_bound > 0:
-            raise SpecError(
-                "pipetune.similarity.min_bound", f"must be > 0, got {self.min_bound!r}"
-            )
-        object.__setattr__(self, "bound_factor", float(self.bound_factor))
-        object.__setattr__(self, "min_bound", float(self.min_bound))
+        # The rule for these values is the job spec's (pipetune.similarity), not a copy.
+        from pydantic import ValidationError
+
+        from pipetune.spec import SimilaritySpec, spec_error_from_validation
+
+        try:
+            checked = SimilaritySpec(max_clusters=self.max_clusters,
+                                     bound_factor=self.bound_factor, min_bound=self.min_bound)
+        except ValidationError as e:
+            raise spec_error_from_validation(e, SimilaritySpec, "pipetune.similarity") from None
+        for name, value in checked.model_dump().items():
+            object.__setattr__(self, name, value)
 
     def fit(self, records: list[dict[str, Any]], key: str) -> Fit:
         """Cluster ``records`` (not empty) and find each group's best config; ``key``
