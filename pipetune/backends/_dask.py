@@ -20,9 +20,15 @@ import uuid
 from collections import Counter, deque
 from typing import TYPE_CHECKING, Any
 
-from distributed import fire_and_forget, get_worker
+from distributed import fire_and_forget
 
 from pipetune.backends._base import EpochBackend, EpochOutcome, describe
+from pipetune.backends._remote import (
+    remote_epoch,
+    remote_evaluate,
+    remote_refuse,
+    remote_release,
+)
 from pipetune.system.config import PROCESS_KNOBS, process_resource
 
 logger = logging.getLogger(__name__)
@@ -35,39 +41,6 @@ if TYPE_CHECKING:
     from distributed import Client, Future
 
     from pipetune.runner import EpochResult, EpochTask
-
-
-# -- what runs on the workers -----------------------------------------------------------
-
-def remote_epoch(task: EpochTask) -> EpochResult:
-    """Run ``task`` in this worker process, keeping the model for the trial's next epoch."""
-    from pipetune.runner import LIVE_TRIALS, run_epoch
-
-    return run_epoch(task, live=LIVE_TRIALS, address=get_worker().address)
-
-
-def remote_refuse(message_field: str, message: str) -> None:
-    """Run in place of an epoch no worker of the cluster can run as asked."""
-    from pipetune.errors import SystemConfigError
-
-    raise SystemConfigError(message_field, message)
-
-
-def remote_evaluate(task: EpochTask, checkpoint: str) -> dict[str, float]:
-    from pipetune.runner import evaluate_checkpoint
-
-    return evaluate_checkpoint(task, checkpoint)
-
-
-def remote_release(study_id: str, trial_id: int | None) -> int:
-    """Drop live workloads; for a whole study also wait for its checkpoint writes."""
-    from pipetune.checkpoints import flush_checkpoints
-    from pipetune.runner import LIVE_TRIALS
-
-    dropped = LIVE_TRIALS.drop(study_id, trial_id)
-    if trial_id is None:
-        flush_checkpoints()
-    return dropped
 
 
 # -- the driver side ---------------------------------------------------------------------
@@ -118,6 +91,7 @@ class DaskBackend(EpochBackend):
         self._deaths: Counter[tuple[str, int, int]] = Counter()
         self._workers_cache: dict[str, dict[str, float]] = {}
         self._threads: dict[str, int] = {}
+        self._memory_limit = 0
         self._cpus_in_use: dict[str, set[int]] = {}
         self._workers_at = -math.inf
         self._no_worker_since: float | None = None
@@ -136,6 +110,9 @@ class DaskBackend(EpochBackend):
             self._workers_cache = {addr: dict(w.get("resources") or {})
                                    for addr, w in sorted(info.items())}
             self._threads = {addr: int(w.get("nthreads") or 1) for addr, w in info.items()}
+            # Kept from the last list that had workers: the reason a dead worker gives.
+            self._memory_limit = max((w.get("memory_limit") or 0 for w in info.values()),
+                                     default=0) or self._memory_limit
             self._workers_at = now
         return self._workers_cache
 
@@ -311,10 +288,9 @@ class DaskBackend(EpochBackend):
 
         if not isinstance(exc, KilledWorker):
             return describe(exc)
-        limits = {w.get("memory_limit") for w in
-                  self.client.scheduler_info(n_workers=-1).get("workers", {}).values()}
-        limit = (f"; each worker's memory limit is {max(limits) / 2**30:.1f} GiB, a worker "
-                 "past 95% of it is restarted" if limits and all(limits) else "")
+        self._workers(fresh=True)
+        limit = (f"; each worker's memory limit is {self._memory_limit / 2**30:.1f} GiB, a "
+                 "worker past 95% of it is restarted" if self._memory_limit else "")
         runs = f"all {deaths} workers that ran this epoch" if deaths > 1 else "its worker"
         return f"worker died: {runs} died while running it{limit}"
 
