@@ -17,6 +17,9 @@ def _study(tmp_path, trials: int) -> Study:
     job["early_stopping"] = {"policy": "none", "max_epochs": 1}
     job["system"]["space"] = {}
     job["pipetune"] = {"enabled": False}
+    # 135 in-process epochs: perf attached to this thread-heavy test process would spend
+    # up to seconds detaching from each (its counts are not what this test is about).
+    job["profiler"] = {"perf": "off"}
     study = Study(JobSpec.from_dict(job), study_id="many",
                   checkpoints=CheckpointStore(tmp_path / "ck"))
     return run_study_locally(study)

@@ -175,7 +175,8 @@ class EpochProfiler:
         else:
             counters_source = "psutil"
 
-        overhead_s = setup_s + readout_s + clock.hook_s + _traced_excess(clock, recorder)
+        in_epoch_s = clock.hook_s + _traced_excess(clock, recorder)
+        overhead_s = setup_s + readout_s + in_epoch_s
         cores = _usable_cores()
         cpu_util = used.cpu_s / wall_s / cores if wall_s > 0 else 0.0
         steps = stats.steps
@@ -203,7 +204,7 @@ class EpochProfiler:
             peak_rss_mb=peak_mb, ctx_switches=used.ctx_switches, page_faults=used.page_faults,
             energy_j=energy_j, energy_source=meter.source, counters_source=counters_source,
             op_mix=dict(op_mix.shares), counters=counters, overhead_s=overhead_s,
-            profile=profile,
+            profile=profile, overhead_in_epoch_s=in_epoch_s,
         )
         return stats, measurement
 

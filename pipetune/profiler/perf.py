@@ -147,10 +147,9 @@ class PerfSession:
         if proc is None:
             return None
         try:
-            _, err = proc.communicate(timeout=5)
+            _, err = proc.communicate(timeout=STOP_WAIT_S)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
+            _abandon(proc)
             return None
         counts = parse_perf_csv(err or "")
         return counts if counts.values else None
@@ -159,5 +158,19 @@ class PerfSession:
         """Abandon the session (the epoch failed)."""
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+            _abandon(proc)
+
+
+#: How long an epoch waits for perf to print its counts after SIGINT. perf attached to
+#: a process with many threads can take seconds in the kernel to detach; the counts
+#: are optional, the epoch's time is not.
+STOP_WAIT_S = 2.0
+
+
+def _abandon(proc: subprocess.Popen[str]) -> None:
+    """Kill perf and wait briefly; one stuck in the kernel is left to exit on its own."""
+    proc.kill()
+    try:
+        proc.communicate(timeout=1.0)
+    except subprocess.TimeoutExpired:
+        pass

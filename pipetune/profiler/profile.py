@@ -67,7 +67,9 @@ class EpochMeasurement:
 
     ``energy_source`` is ``rapl``, ``nvml`` or ``estimate``; ``counters_source``
     names what the counters came from (``perf:hardware``, ``perf:software`` or
-    ``psutil``). ``overhead_s`` is the profiler's own time inside the epoch.
+    ``psutil``). ``overhead_s`` is all of the profiler's own time, set-up and read-out
+    around the epoch included; ``overhead_in_epoch_s`` the part of it inside
+    ``wall_s``, which is what :meth:`cost` takes out.
     """
 
     wall_s: float
@@ -85,6 +87,7 @@ class EpochMeasurement:
     counters: dict[str, float]
     overhead_s: float
     profile: Profile
+    overhead_in_epoch_s: float = 0.0
 
     @property
     def samples_per_s(self) -> float:
@@ -98,7 +101,9 @@ class EpochMeasurement:
         """
         if self.samples <= 0:
             return float("inf")
-        own = max(self.wall_s - self.overhead_s, 0.0)
+        # Only the profiler's time inside the epoch: set-up and read-out (perf detaching
+        # can take seconds) lie outside wall_s, and taking them out made a cost of 0.
+        own = max(self.wall_s - self.overhead_in_epoch_s, 0.0)
         if objective == "time":
             return own / self.samples
         if objective == "energy":
