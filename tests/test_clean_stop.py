@@ -47,7 +47,7 @@ def _start_tune(tmp_path: Path, name: str, *extra: str, **popen: object) -> subp
     """A real ``pipetune tune`` of a study long enough to be stopped part-way, in its
     own homes; the embedded server, cluster and recorder are its children."""
     job = synthetic_job(name, trials=8)
-    job["workload"]["params"]["base_seconds"] = 1.0
+    job["workload"]["params"]["base_seconds"] = 3.0
     job["search"]["max_concurrent"] = 2
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     env = {**os.environ, "PIPETUNE_HOME": str(tmp_path / "home"),
