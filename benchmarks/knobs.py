@@ -27,6 +27,7 @@ from pathlib import Path
 CHILD = r'''
 import json, sys, time
 from pipetune.runner import EpochTask, LiveTrials, run_epoch
+from pipetune.spec import ProfilerSpec
 from pipetune.system.config import SystemConfig
 from pipetune.tuner import Phase
 spec = json.loads(sys.argv[1])
@@ -39,7 +40,8 @@ for epoch in range(1, spec["epochs"] + 1):
                          "val_samples": 200},
         hparams={"lr": 0.05, "batch_size": 32, "momentum": 0.5}, seed=spec["trial"],
         checkpoint_in=f"{spec['dir']}/{spec['trial']}-{epoch - 1}.pt" if epoch > 1 else None,
-        checkpoint_out=f"{spec['dir']}/{spec['trial']}-{epoch}.pt", op_mix_steps=1,
+        checkpoint_out=f"{spec['dir']}/{spec['trial']}-{epoch}.pt",
+        profiler=ProfilerSpec(op_mix_steps=1),
         cpus=tuple(spec.get("cpus", ())))
     r = run_epoch(task, live=live)
     times.append(r.measurement.wall_s)

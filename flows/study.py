@@ -45,8 +45,14 @@ from tasks import PrefectEpochBackend
 from tasks.records import TaskRunRecord, api_url
 
 
-def resolve_job(job: dict[str, Any] | str, trials: int | None, pipetune: bool | None) -> JobSpec:
-    spec = load_spec(job) if isinstance(job, str) else JobSpec.from_dict(job)
+def resolve_job(
+    job: JobSpec | dict[str, Any] | str, trials: int | None, pipetune: bool | None
+) -> JobSpec:
+    """The job as a checked spec; one the caller checked already is not checked again."""
+    if isinstance(job, JobSpec):
+        spec = job
+    else:
+        spec = load_spec(job) if isinstance(job, str) else JobSpec.from_dict(job)
     return spec.with_overrides(trials=trials, pipetune_enabled=pipetune)
 
 
@@ -62,7 +68,9 @@ def study_flow(
     dask_address: str | None = None,
     resume: str | None = None,
 ) -> dict[str, Any]:
-    """Tune ``job`` (a job-spec dict or a path to a job YAML) and record it in MLflow.
+    """Tune ``job`` (a job-spec dict, a path to a job YAML, or a checked
+    :class:`~pipetune.spec.JobSpec` from a caller in this process) and record it in
+    MLflow.
 
     ``resume``: a study id or the flow run id of a stopped or crashed study, or
     ``"latest"`` (the newest unfinished study of this job): that study goes on from

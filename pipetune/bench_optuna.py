@@ -178,10 +178,13 @@ def make_objective(spec: JobSpec) -> Any:
     import optuna
     import torch
 
+    from pipetune.system.apply import applied_context
     from pipetune.workloads import resolve_workload
 
     workload_cls = resolve_workload(spec.workload.name)
-    system = spec.system.default
+    # Threads are set per trial below (not by applied_system_config, which changes them
+    # for the whole process); the rest of the config reaches the workload as a context.
+    system = applied_context(spec.system.default)
     metric = spec.objective.metric
     max_epochs = spec.early_stopping.max_epochs
 

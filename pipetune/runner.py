@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipetune.profiler.profile import EpochMeasurement
+from pipetune.spec.sections import ProfilerSpec
 from pipetune.states import Phase
 from pipetune.system.config import SystemConfig
 
@@ -37,9 +38,8 @@ class EpochTask:
     seed: int
     checkpoint_in: str | None
     checkpoint_out: str
-    op_mix_steps: int = 10
-    perf: str = "auto"
-    watts_per_core: float = 10.0
+    #: How the epoch is profiled: the job's ``profiler`` section, its defaults included.
+    profiler: ProfilerSpec = field(default_factory=ProfilerSpec)
     #: Cores a pinned epoch (``system.pin_cores``) runs on, given by the executor so
     #: that co-running pinned epochs do not share cores; empty: the process's first.
     cpus: tuple[int, ...] = ()
@@ -176,9 +176,9 @@ def run_epoch(task: EpochTask, live: LiveTrials | None = None, address: str = ""
     elif task.checkpoint_in is not None:
         CheckpointStore.wait_written(task.checkpoint_in)
     profiler = EpochProfiler(
-        op_mix_steps=task.op_mix_steps,
-        perf=task.perf,
-        watts_per_core=task.watts_per_core,
+        op_mix_steps=task.profiler.op_mix_steps,
+        perf=task.profiler.perf,
+        watts_per_core=task.profiler.watts_per_core,
         device=task.system.device,
     )
     setup_done = time.time()
@@ -186,11 +186,11 @@ def run_epoch(task: EpochTask, live: LiveTrials | None = None, address: str = ""
         # The operator mix is sampled in the profiled epoch only: it is what the ground
         # truth matches on, and later epochs keep the cheap counters.
         stats, measurement = profiler.measure(
-            lambda hook: workload.train_epoch(task.system, on_step=hook),
+            lambda hook: workload.train_epoch(applied, on_step=hook),
             profile_ops=task.phase is Phase.PROFILE,
         )
         eval_start = time.time()
-        metrics = workload.evaluate(task.system)
+        metrics = workload.evaluate(applied)
         eval_s = time.time() - eval_start
     save_start = time.time()
     if live is not None:
@@ -232,5 +232,5 @@ def evaluate_checkpoint(task: EpochTask, checkpoint: str) -> dict[str, float]:
     workload = resolve_workload(task.workload)(**task.workload_params)
     workload.setup(task.hparams, task.seed)
     CheckpointStore.load(workload, checkpoint)
-    with applied_system_config(task.system):
-        return {k: float(v) for k, v in workload.evaluate(task.system).items()}
+    with applied_system_config(task.system) as applied:
+        return {k: float(v) for k, v in workload.evaluate(applied).items()}

@@ -66,6 +66,11 @@ class Distribution(ABC):
 
     #: The ``type`` tag in JSON.
     type_name: ClassVar[str] = ""
+    #: JSON schemas of the keys beside ``type``, and which are required: what a
+    #: JSON-schema validator (a Prefect server checking a deployment's parameters) can
+    #: check before ``__post_init__`` checks the rest (``low < high``, no repeats).
+    json_keys: ClassVar[dict[str, dict[str, Any]]] = {}
+    json_required: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def sample(self, rng: random.Random) -> Any:
@@ -90,6 +95,14 @@ class Choice(Distribution):
 
     values: tuple
     type_name: ClassVar[str] = "choice"
+    json_keys: ClassVar[dict[str, dict[str, Any]]] = {
+        "values": {
+            "type": "array",
+            "minItems": 1,
+            "items": {"type": ["string", "number", "boolean", "null"]},
+        }
+    }
+    json_required: ClassVar[tuple[str, ...]] = ("values",)
 
     def __post_init__(self) -> None:
         if isinstance(self.values, str | bytes) or not isinstance(self.values, tuple | list):
@@ -124,21 +137,25 @@ class Choice(Distribution):
 
 
 @dataclass(frozen=True)
-class Uniform(Distribution):
-    """A float drawn uniformly from ``[low, high]``."""
+class _FloatRange(Distribution):
+    """A float in ``[low, high]``; linear (:class:`Uniform`) or log (:class:`LogUniform`)."""
 
     low: float
     high: float
-    type_name: ClassVar[str] = "uniform"
+    json_required: ClassVar[tuple[str, ...]] = ("low", "high")
+    #: Whether the logarithm is uniform (then ``low > 0``).
+    _log: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        _check_bounds(self.low, self.high, integer=False, log=False)
+        _check_bounds(self.low, self.high, integer=False, log=self._log)
 
     def sample(self, rng: random.Random) -> float:
+        if self._log:
+            return math.exp(rng.uniform(math.log(self.low), math.log(self.high)))
         return rng.uniform(self.low, self.high)
 
     def grid(self, n: int) -> list:
-        return _linspace(float(self.low), float(self.high), n)
+        return (_logspace if self._log else _linspace)(float(self.low), float(self.high), n)
 
     def to_json(self) -> dict[str, Any]:
         return {"type": self.type_name, "low": self.low, "high": self.high}
@@ -146,33 +163,28 @@ class Uniform(Distribution):
     def to_optuna(self) -> Any:
         from optuna.distributions import FloatDistribution
 
-        return FloatDistribution(float(self.low), float(self.high))
+        return FloatDistribution(float(self.low), float(self.high), log=self._log)
 
 
 @dataclass(frozen=True)
-class LogUniform(Distribution):
+class Uniform(_FloatRange):
+    """A float drawn uniformly from ``[low, high]``."""
+
+    type_name: ClassVar[str] = "uniform"
+    json_keys: ClassVar[dict[str, dict[str, Any]]] = dict.fromkeys(
+        ("low", "high"), {"type": "number"}
+    )
+
+
+@dataclass(frozen=True)
+class LogUniform(_FloatRange):
     """A float whose logarithm is uniform on ``[log low, log high]``; ``low > 0``."""
 
-    low: float
-    high: float
     type_name: ClassVar[str] = "loguniform"
-
-    def __post_init__(self) -> None:
-        _check_bounds(self.low, self.high, integer=False, log=True)
-
-    def sample(self, rng: random.Random) -> float:
-        return math.exp(rng.uniform(math.log(self.low), math.log(self.high)))
-
-    def grid(self, n: int) -> list:
-        return _logspace(float(self.low), float(self.high), n)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"type": self.type_name, "low": self.low, "high": self.high}
-
-    def to_optuna(self) -> Any:
-        from optuna.distributions import FloatDistribution
-
-        return FloatDistribution(float(self.low), float(self.high), log=True)
+    json_keys: ClassVar[dict[str, dict[str, Any]]] = dict.fromkeys(
+        ("low", "high"), {"type": "number", "exclusiveMinimum": 0}
+    )
+    _log: ClassVar[bool] = True
 
 
 @dataclass(frozen=True)
@@ -183,6 +195,12 @@ class IntUniform(Distribution):
     high: int
     log: bool = False
     type_name: ClassVar[str] = "int"
+    json_keys: ClassVar[dict[str, dict[str, Any]]] = {
+        "low": {"type": "integer"},
+        "high": {"type": "integer"},
+        "log": {"type": "boolean", "default": False},
+    }
+    json_required: ClassVar[tuple[str, ...]] = ("low", "high")
 
     def __post_init__(self) -> None:
         if not isinstance(self.log, bool):
@@ -216,13 +234,53 @@ class IntUniform(Distribution):
         return IntDistribution(self.low, self.high, log=self.log)
 
 
-#: JSON ``type`` tag -> (class, required keys, optional keys).
+_CLASSES: tuple[type[Distribution], ...] = (Choice, Uniform, LogUniform, IntUniform)
+
+#: JSON ``type`` tag -> (class, required keys, optional keys), read off the classes.
 _TYPES: dict[str, tuple[type[Distribution], tuple[str, ...], tuple[str, ...]]] = {
-    "choice": (Choice, ("values",), ()),
-    "uniform": (Uniform, ("low", "high"), ()),
-    "loguniform": (LogUniform, ("low", "high"), ()),
-    "int": (IntUniform, ("low", "high"), ("log",)),
+    cls.type_name: (
+        cls,
+        cls.json_required,
+        tuple(k for k in cls.json_keys if k not in cls.json_required),
+    )
+    for cls in _CLASSES
 }
+
+
+def distribution_json_schema() -> dict[str, Any]:
+    """The JSON schema of one distribution's JSON form, from the classes' own keys.
+
+    Written as ``if type == X then <X's keys>`` clauses rather than ``oneOf``: a
+    JSON-schema validator reports the failure of whichever ``oneOf`` branch it finds
+    closest (``low is not an integer`` for a ``uniform`` missing ``high``); with
+    ``if``/``then`` only the branch the tag selects is checked, so the message names the
+    real problem.
+    """
+    return {
+        "type": "object",
+        "required": ["type"],
+        "properties": {"type": {"enum": list(_TYPES)}},
+        "allOf": [
+            {
+                "if": {"properties": {"type": {"const": tag}}},
+                "then": {
+                    "properties": {"type": {"const": tag}, **cls.json_keys},
+                    "required": list(cls.json_required),
+                    "additionalProperties": False,
+                },
+            }
+            for tag, (cls, _, _) in _TYPES.items()
+        ],
+    }
+
+
+def space_json_schema() -> dict[str, Any]:
+    """The JSON schema of a space's JSON form: at least one name -> distribution."""
+    return {
+        "type": "object",
+        "minProperties": 1,
+        "additionalProperties": distribution_json_schema(),
+    }
 
 
 def distribution_from_json(d: Any, where: str) -> Distribution:
@@ -280,6 +338,8 @@ __all__ = [
     "LogUniform",
     "Uniform",
     "distribution_from_json",
+    "distribution_json_schema",
     "space_from_json",
+    "space_json_schema",
     "space_to_json",
 ]

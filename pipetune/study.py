@@ -154,7 +154,6 @@ class Study:
 
     def _epoch_task(self, trial: Trial, decision: TuningDecision) -> EpochTask:
         epoch = trial.epochs_run + 1
-        profiler = self.spec.profiler
         return EpochTask(
             study_id=self.study_id,
             trial_id=trial.trial_id,
@@ -167,9 +166,7 @@ class Study:
             seed=trial.seed,
             checkpoint_in=trial.checkpoint,
             checkpoint_out=self.checkpoints.ref(self.study_id, trial.trial_id, epoch),
-            op_mix_steps=profiler.op_mix_steps,
-            perf=profiler.perf,
-            watts_per_core=profiler.watts_per_core,
+            profiler=self.spec.profiler,
             timeout_s=self.spec.workload.epoch_timeout_s,
         )
 

@@ -123,34 +123,86 @@ def test_the_server_accepts_every_example_as_a_file_or_inline(schema):
         assert refusal(schema, {"job": load_spec(path).to_dict()}) is None, relative
 
 
-def test_the_parameter_models_mirror_the_job_spec():
-    from flows import params
-    from pipetune import spec
-    from pipetune.space import Choice, IntUniform, LogUniform, Uniform
-    from pipetune.system.config import KNOBS
+def _resolve(schema: dict, node: dict) -> dict:
+    ref = node.get("$ref")
+    return _resolve(schema, schema["definitions"][ref.rsplit("/", 1)[1]]) if ref else node
 
-    pairs = [
-        (params.JobParameter, spec.JobSpec), (params.WorkloadParam, spec.WorkloadSpec),
-        (params.SystemParam, spec.SystemSpec), (params.SearchParam, spec.SearchSpec),
-        (params.EarlyStoppingParam, spec.EarlyStoppingSpec),
-        (params.ObjectiveParam, spec.ObjectiveSpec), (params.PipetuneParam, spec.PipetuneSpec),
-        (params.SimilarityParam, spec.SimilaritySpec), (params.ProfilerParam, spec.ProfilerSpec),
-    ]
-    for mirror, original in pairs:
-        assert list(mirror.model_fields) == list(original.model_fields), mirror.__name__
-        for name, field in original.model_fields.items():
-            copy = mirror.model_fields[name]
-            where = f"{mirror.__name__}.{name}"
-            if field.default_factory is None:  # plain defaults and bounds agree
-                assert copy.default == field.default, where
-            bounds = [m for m in field.metadata if type(m).__name__ in ("Ge", "Gt", "Le", "Lt")]
-            assert [m for m in copy.metadata if m in bounds or type(m).__name__ in (
-                "Ge", "Gt", "Le", "Lt")] == bounds, where
-    assert tuple(params.SystemDefaultParam.model_fields) == KNOBS
-    assert tuple(params.SystemSpaceParam.model_fields) == KNOBS
-    tags = [m.model_fields["type"].annotation.__args__[0] for m in (
-        params.ChoiceParam, params.UniformParam, params.LogUniformParam, params.IntParam)]
-    assert tags == [d.type_name for d in (Choice, Uniform, LogUniform, IntUniform)]
+
+def _job_models():
+    """(dotted path, section model) for JobSpec and every section under it."""
+    from pydantic import BaseModel
+
+    from pipetune.spec import JobSpec
+
+    todo, seen = [("", JobSpec)], []
+    while todo:
+        path, model = todo.pop(0)
+        seen.append((path, model))
+        for name, field in model.model_fields.items():
+            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+                todo.append((f"{path}.{name}".lstrip("."), field.annotation))
+    return seen
+
+
+#: JSON-schema ``type`` of each Python type a job section field holds.
+JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", dict: "object"}
+
+
+def test_the_job_parameter_schema_is_the_job_spec_field_for_field(schema):
+    """Every field of every section: in the deployment's schema, with the model's JSON
+    type, default, bounds and required-ness; nothing else is allowed."""
+    import typing
+
+    (job_schema,) = [b for b in schema["properties"]["job"]["anyOf"] if b.get("type") != "string"]
+    models = _job_models()
+    assert {p for p, _ in models} >= {"workload", "search", "early_stopping", "pipetune.similarity"}
+    for path, model in models:
+        node = job_schema
+        for part in filter(None, path.split(".")):
+            node = _resolve(schema, node["properties"][part])
+        node = _resolve(schema, node)
+        assert node["additionalProperties"] is False, path
+        assert set(node["properties"]) == set(model.model_fields), path
+        assert set(node.get("required", [])) == {
+            n for n, f in model.model_fields.items() if f.is_required()}, path
+        for name, field in model.model_fields.items():
+            where, prop = f"{path}.{name}", node["properties"][name]
+            if field.default_factory is None and not field.is_required():
+                assert prop["default"] == field.default, where
+            # An optional field's bounds sit in the anyOf branch that is not null.
+            value_schema = next(
+                (b for b in prop.get("anyOf", [prop]) if b.get("type") != "null"), prop)
+            for bound, key in (("ge", "minimum"), ("gt", "exclusiveMinimum"), ("le", "maximum")):
+                for m in field.metadata:
+                    if hasattr(m, bound):
+                        assert value_schema[key] == getattr(m, bound), where
+            annotation = field.annotation
+            if typing.get_origin(annotation) is typing.Literal:
+                assert prop["enum" if "enum" in prop else "const"] in (
+                    list(typing.get_args(annotation)), typing.get_args(annotation)[0]), where
+            elif annotation in JSON_TYPES:
+                assert prop["type"] == JSON_TYPES[annotation], where
+
+
+def test_the_system_and_space_schemas_come_from_the_knobs_and_distributions(schema):
+    from pipetune.space import Choice, IntUniform, LogUniform, Uniform
+    from pipetune.system.config import KNOBS, SystemConfig
+
+    (job_schema,) = [b for b in schema["properties"]["job"]["anyOf"] if b.get("type") != "string"]
+    system = _resolve(schema, job_schema["properties"]["system"])
+    default = _resolve(schema, system["properties"]["default"])
+    space = _resolve(schema, system["properties"]["space"])
+    assert list(default["properties"]) == list(KNOBS) == list(space["properties"])
+    for knob, value in SystemConfig().to_dict().items():
+        assert default["properties"][knob]["default"] == value, knob
+    tags = job_schema["properties"]["hyperparameters"]["additionalProperties"]
+    assert tags["properties"]["type"]["enum"] == [
+        d.type_name for d in (Choice, Uniform, LogUniform, IntUniform)]
+    # What the schema lets through, the spec's own knob rule agrees with, and back.
+    for knob, bad in (("cores", 0), ("dataloader_workers", -1), ("device", "tpu")):
+        assert refusal(schema, {"job": {**INLINE_JOB, "system": {"default": {knob: bad}}}}), knob
+        assert refusal(schema, {"job": {**INLINE_JOB, "system": {"space": {knob: [bad]}}}}), knob
+    assert refusal(schema, {"job": {**INLINE_JOB, "system": {"space": {"cores": [1, 2]}}}}) is None
 
 
 def test_the_flow_gets_an_inline_job_as_the_plain_dict_it_was_given():
@@ -473,3 +525,15 @@ def test_the_nightly_schedule_is_declared_paused(deployed):
     (schedule,) = nightly.schedules
     assert schedule.schedule.cron == "0 2 * * *" and schedule.active is False
     assert nightly.enforce_parameter_schema and nightly.work_pool_name == "pipetune"
+
+
+def test_a_job_checked_by_the_caller_reaches_the_flow_as_it_is():
+    """``pipetune tune`` checks its job once and hands the flow the spec itself: the
+    flow takes it as it is; deployments are not offered that form."""
+    from flows.study import resolve_job, study_flow
+    from pipetune.spec import load_spec
+
+    spec = load_spec(REPO / "examples" / "tiny_synthetic.yaml")
+    assert study_flow.validate_parameters({"job": spec})["job"] is spec
+    assert resolve_job(spec, None, None) is spec
+    assert resolve_job(spec, spec.search.trials + 1, None).search.trials == spec.search.trials + 1

@@ -11,6 +11,7 @@ import pytest
 from known import process_cluster, synthetic_job
 
 from pipetune.runner import EpochTask
+from pipetune.spec import ProfilerSpec
 from pipetune.system.config import SystemConfig, process_resource
 from pipetune.tuner import Phase
 
@@ -44,7 +45,7 @@ def epoch_task(tmp_path, trial: int, epoch: int, *, base_seconds: float = 0.0,
         system=system or SystemConfig(), workload="synthetic",
         workload_params={"train_samples": 64, "val_samples": 32, "base_seconds": base_seconds},
         hparams={"lr": 0.05}, seed=trial, checkpoint_in=ref(epoch - 1) if epoch > 1 else None,
-        checkpoint_out=ref(epoch), op_mix_steps=1,
+        checkpoint_out=ref(epoch), profiler=ProfilerSpec(op_mix_steps=1),
     )
 
 

@@ -137,3 +137,51 @@ def test_autocast_uses_the_configs_precision_on_a_gpu():
     with autocast_for(SystemConfig(device="cuda", precision="bf16")):
         out = torch.ones(4, 4, device="cuda") @ torch.ones(4, 4, device="cuda")
     assert out.dtype == torch.bfloat16
+
+
+def test_applied_context_derives_what_a_step_needs_and_a_workload_trains_under_it():
+    import contextlib
+
+    import torch
+
+    from pipetune.errors import WorkloadError
+    from pipetune.system.apply import AppliedConfig, applied_context
+    from pipetune.workloads.lenet import LeNet5Workload
+
+    ctx = applied_context(SystemConfig(dataloader_workers=2))
+    assert isinstance(ctx, AppliedConfig) and ctx.notes == [] and ctx.actual == {}
+    assert applied_context(ctx) is ctx
+    options = ctx.loader_options()
+    assert options["num_workers"] == 2 and options["persistent_workers"] is False
+    assert options["pin_memory"] is False
+    assert ctx.memory_format == torch.contiguous_format
+    assert ctx.device == torch.device("cpu")
+    assert isinstance(ctx.autocast(), contextlib.nullcontext)
+    assert ctx.grad_scaler({}) is None
+    assert "multiprocessing_context" not in applied_context(SystemConfig()).loader_options()
+    # CUDA knobs are derived without touching a GPU; only the device needs one.
+    gpu = applied_context(SystemConfig(device="cuda", channels_last=True, precision="bf16"))
+    assert gpu.memory_format == torch.channels_last
+    assert gpu.loader_options()["pin_memory"] is True
+    fp32 = applied_context(SystemConfig(device="cuda"))
+    assert isinstance(fp32.autocast(), contextlib.nullcontext)
+    if torch.cuda.is_available():
+        assert gpu.device == torch.device("cuda")
+        assert isinstance(gpu.autocast(), torch.autocast)
+    else:
+        with pytest.raises(WorkloadError, match="torch sees no CUDA device"):
+            _ = gpu.device
+
+    config = SystemConfig()
+    workload = LeNet5Workload(train_samples=64, val_samples=32)
+    workload.setup({"lr": 0.02, "batch_size": 16}, seed=0)
+    with applied_system_config(config) as applied:
+        assert applied.config is config
+        stats = workload.train_epoch(applied)
+        metrics = workload.evaluate(applied)
+    assert stats.samples == 64 and stats.steps == 4
+    assert set(metrics) >= {"accuracy", "val_loss"}
+    again = LeNet5Workload(train_samples=64, val_samples=32)
+    again.setup({"lr": 0.02, "batch_size": 16}, seed=0)
+    with applied_system_config(config):
+        assert again.train_epoch(config).loss == stats.loss  # a plain config: same epoch

@@ -21,6 +21,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 
 from pipetune.errors import PipetuneError
@@ -124,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     args = build_parser().parse_args(argv)
+    # A process started in the background of a non-interactive shell (``cmd &``, some CI
+    # runners) inherits SIGINT ignored, and Python then leaves it ignored: ``kill -INT``
+    # would do nothing. An explicit SIGINT asks pipetune to stop, like Ctrl-C.
+    if (signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            and threading.current_thread() is threading.main_thread()):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return args.run(args)
     except PipetuneError as e:

@@ -182,7 +182,7 @@ def _run_tune(args: argparse.Namespace) -> int:
             try:
                 with display, _as_stopped():
                     summary = study_flow(
-                        job=spec.to_dict(),
+                        job=spec,  # checked once, at check_job; not again in the flow
                         tracking_uri=tracking_uri,
                         checkpoint_root=args.checkpoints,
                         core_budget=job["core_budget"],

@@ -64,6 +64,11 @@ __all__ = [
 ]
 
 
+def _forward(holder: str, name: str, doc: str) -> property:
+    """A read-only property giving ``self.<holder>.<name>``."""
+    return property(lambda self: getattr(getattr(self, holder), name), doc=doc)
+
+
 class GroundTruth:
     """The shared store of best system configs, keyed by job profile and batch size.
 
@@ -109,30 +114,13 @@ class GroundTruth:
         self.__dict__.update(state)
         self._fit_lock = threading.Lock()
 
-    # -- settings ------------------------------------------------------------------
-    @property
-    def path(self) -> Path:
-        return self._store.path
-
-    @property
-    def lock_path(self) -> Path:
-        return self._store.lock_path
-
-    @property
-    def backup_path(self) -> Path:
-        return self._store.backup_path
-
-    @property
-    def max_clusters(self) -> int:
-        return self._similarity.max_clusters
-
-    @property
-    def bound_factor(self) -> float:
-        return self._similarity.bound_factor
-
-    @property
-    def min_bound(self) -> float:
-        return self._similarity.min_bound
+    # -- settings: read from the store and the similarity section ----------------------
+    path = _forward("_store", "path", "The ground truth's JSON file.")
+    lock_path = _forward("_store", "lock_path", "The lock file beside it.")
+    backup_path = _forward("_store", "backup_path", "Where ``repair`` keeps the old file.")
+    max_clusters = _forward("_similarity", "max_clusters", "At most this many clusters.")
+    bound_factor = _forward("_similarity", "bound_factor", "Bound = factor x spread.")
+    min_bound = _forward("_similarity", "min_bound", "The smallest bound of a cluster.")
 
     # -- public API ----------------------------------------------------------------
     @staticmethod

@@ -49,6 +49,16 @@ class EnergyMeter(ABC):
         """
 
 
+def _halt_sampler(meter: Any) -> None:
+    """Stop a meter's background sampling thread (``_stop_event``, ``_thread``), if any,
+    and wait for it: what RAPL's and NVML's meters share."""
+    if meter._stop_event is not None:
+        meter._stop_event.set()
+    if meter._thread is not None:
+        meter._thread.join()
+    meter._stop_event = meter._thread = None
+
+
 # -- estimate ----------------------------------------------------------------------------
 class EstimateMeter(EnergyMeter):
     """Energy estimated from CPU time: ``CPU seconds x watts_per_core``.
@@ -200,7 +210,7 @@ class RaplMeter(EnergyMeter):
             self._last = now
 
     def start(self) -> None:
-        self._halt_thread()
+        _halt_sampler(self)
         zones = self.zones()
         if not zones:
             raise RuntimeError(f"no readable RAPL zones under {self.root}")
@@ -222,17 +232,10 @@ class RaplMeter(EnergyMeter):
             except (OSError, ValueError):
                 return
 
-    def _halt_thread(self) -> None:
-        if self._stop_event is not None:
-            self._stop_event.set()
-        if self._thread is not None:
-            self._thread.join()
-        self._stop_event = self._thread = None
-
     def stop(self) -> float:
         if self._last is None:
             raise RuntimeError("RaplMeter.stop() called before start()")
-        self._halt_thread()
+        _halt_sampler(self)
         self.poll()
         total = self._total_uj
         self._last = None
@@ -321,7 +324,7 @@ class NvmlMeter(EnergyMeter):
         return lib.nvmlDeviceGetHandleByIndex(self.device_index)
 
     def start(self) -> None:
-        self._halt_thread()
+        _halt_sampler(self)
         lib = self._lib()
         lib.nvmlInit()
         self._handle = self._get_handle(lib)
@@ -348,13 +351,6 @@ class NvmlMeter(EnergyMeter):
             except Exception:  # noqa: BLE001 - keep what was sampled so far
                 return
 
-    def _halt_thread(self) -> None:
-        if self._stop_event is not None:
-            self._stop_event.set()
-        if self._thread is not None:
-            self._thread.join()
-        self._stop_event = self._thread = None
-
     def stop(self) -> float:
         if self._mode is None:
             raise RuntimeError("NvmlMeter.stop() called before start()")
@@ -363,7 +359,7 @@ class NvmlMeter(EnergyMeter):
             if self._mode == "counter":
                 now = int(lib.nvmlDeviceGetTotalEnergyConsumption(self._handle))
                 return max(0, now - self._start_mj) / 1000.0
-            self._halt_thread()
+            _halt_sampler(self)
             self._samples.append((time.perf_counter(), self._power_w(lib)))
             return _trapezoid(self._samples)
         finally:

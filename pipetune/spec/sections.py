@@ -20,13 +20,14 @@ from pydantic import (
     Field,
     PlainSerializer,
     PlainValidator,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
 
 from pipetune.errors import SpecError, SystemConfigError, WorkloadError
-from pipetune.space import Distribution, space_from_json, space_to_json
-from pipetune.system.config import KNOBS, MachineInfo, SystemConfig
+from pipetune.space import Distribution, space_from_json, space_json_schema, space_to_json
+from pipetune.system.config import KNOBS, MachineInfo, SystemConfig, knob_json_schema
 
 #: Searcher seeds: what numpy's and Optuna's generators accept.
 MAX_SEED = 2**32 - 1
@@ -59,14 +60,46 @@ def _system_config_in(value: Any) -> SystemConfig:
         raise _relocate(e, "system.default") from None
 
 
+# Each type carries its JSON schema (derived from its own rules), so the JSON schema of
+# a whole job is JobSpec.model_json_schema(): what a Prefect deployment enforces.
 Space = Annotated[
-    dict[str, Distribution], PlainValidator(_space_in), PlainSerializer(space_to_json)
+    dict[str, Distribution],
+    PlainValidator(_space_in),
+    PlainSerializer(space_to_json),
+    WithJsonSchema(space_json_schema()),
 ]
 SystemConfigField = Annotated[
     SystemConfig,
     PlainValidator(_system_config_in),
     PlainSerializer(lambda c: c.to_dict()),
+    WithJsonSchema(SystemConfig.json_schema()),
 ]
+#: Candidates per knob: each a non-empty list of that knob's values.
+SystemSpace = Annotated[
+    dict[str, list[Any]],
+    WithJsonSchema({
+        "type": "object",
+        "properties": {
+            k: {"type": "array", "minItems": 1, "items": knob_json_schema(k)} for k in KNOBS
+        },
+        "additionalProperties": False,
+    }),
+]
+
+
+def _workload_name_schema(schema: dict[str, Any]) -> None:
+    """``workload.name`` in a JSON schema: a built-in or ``package.module:Class``
+    (a Prefect server refuses anything else before a run is created)."""
+    import re
+
+    from pipetune.workloads import BUILTIN_WORKLOADS
+
+    ident = r"[A-Za-z_][A-Za-z0-9_]*"
+    schema["pattern"] = (
+        "^(?:"
+        + "|".join(re.escape(name) for name in BUILTIN_WORKLOADS)
+        + rf"|{ident}(?:\.{ident})*:{ident}(?:\.{ident})*)$"
+    )
 
 
 @functools.cache
@@ -91,7 +124,7 @@ class WorkloadSpec(_Section):
     """``name``: a built-in (``lenet5``) or an import path ``package.module:Class``;
     ``params``: keyword arguments for the class."""
 
-    name: str = Field(min_length=1, max_length=512)
+    name: str = Field(min_length=1, max_length=512, json_schema_extra=_workload_name_schema)
     params: dict[str, Any] = Field(default_factory=dict)
     #: Seconds one epoch may run on its worker before its trial fails (a hung data
     #: loader must not stall the study and the queue behind it).
@@ -132,7 +165,7 @@ class SystemSpec(_Section):
     """
 
     default: SystemConfigField = Field(default_factory=SystemConfig)
-    space: dict[str, list[Any]] = Field(default_factory=dict)
+    space: SystemSpace = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _valid_candidates(self) -> SystemSpec:

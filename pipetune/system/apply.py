@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pipetune.errors import SystemConfigError
+from pipetune.errors import SystemConfigError, WorkloadError
 from pipetune.system.config import SystemConfig
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
 class AppliedConfig:
-    """What :func:`applied_system_config` actually changed.
+    """A :class:`SystemConfig` as a training step uses it: the one place where every
+    knob a workload honours is turned into what torch needs.
+
+    :func:`applied_system_config` yields one after setting the process-wide knobs
+    (threads, pinning, TF32, cuDNN); :func:`applied_context` makes one from a plain
+    config without touching the process. A workload reads ``device``,
+    ``memory_format``, ``loader_options()``, ``autocast()`` and ``grad_scaler()``
+    instead of the knobs, so none can be forgotten.
 
     ``notes`` lists knobs that could not be honoured as asked, with why (torch
     allows inter-op threads to be set only once per process, before first use).
@@ -25,6 +36,78 @@ class AppliedConfig:
     #: What the process really runs under during the epoch, read back: torch threads,
     #: the OpenMP wait policy of the process, the cores its threads may run on.
     actual: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        """The device to train on; :class:`WorkloadError` when cuda is asked and torch
+        sees none."""
+        import torch
+
+        if self.config.device == "cuda" and not torch.cuda.is_available():
+            raise WorkloadError("system.device is cuda but torch sees no CUDA device here")
+        return torch.device(self.config.device)
+
+    @property
+    def memory_format(self) -> torch.memory_format:
+        """``torch.channels_last`` with ``channels_last``, else ``torch.contiguous_format``."""
+        import torch
+
+        return torch.channels_last if self.config.channels_last else torch.contiguous_format
+
+    def loader_options(self) -> dict[str, Any]:
+        """Keyword arguments for a ``DataLoader`` under this config: ``num_workers``
+        (``dataloader_workers``), ``persistent_workers=False``, ``pin_memory`` on cuda,
+        and a fork context for workers where fork exists. Workers asked in a daemonic
+        process (which may not start any) raise :class:`WorkloadError`."""
+        workers = self.config.dataloader_workers
+        if workers > 0 and multiprocessing.current_process().daemon:
+            raise WorkloadError(
+                f"system.dataloader_workers={workers} needs worker processes, but this process "
+                "is daemonic and may not start any (a Dask worker: set the Dask config "
+                "distributed.worker.daemon to False)"
+            )
+        options: dict[str, Any] = {
+            "num_workers": workers,
+            "persistent_workers": False,
+            "pin_memory": self.config.device == "cuda",
+        }
+        if workers > 0 and "fork" in multiprocessing.get_all_start_methods():
+            options["multiprocessing_context"] = "fork"
+        return options
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The autocast context a step runs under: ``precision`` on cuda, else none."""
+        import torch
+
+        config = self.config
+        if config.device == "cuda" and config.precision != "fp32":
+            dtype = torch.bfloat16 if config.precision == "bf16" else torch.float16
+            return torch.autocast(device_type="cuda", dtype=dtype)
+        return contextlib.nullcontext()
+
+    def grad_scaler(self, state: Mapping[str, Any] | None = None) -> Any:
+        """A ``torch.amp.GradScaler`` for fp16 on cuda, loaded from ``state`` when that
+        is not empty; ``None`` for any other config (no loss scaling)."""
+        import torch
+
+        if self.config.device != "cuda" or self.config.precision != "fp16":
+            return None
+        scaler = torch.amp.GradScaler("cuda")
+        if state:
+            scaler.load_state_dict(dict(state))
+        return scaler
+
+
+def applied_context(system: SystemConfig | AppliedConfig) -> AppliedConfig:
+    """``system`` as an :class:`AppliedConfig`: returned unchanged when it is one, else
+    wrapped without touching the process (threads, pinning and CUDA flags are set only
+    by :func:`applied_system_config`). For workloads called by hand with a plain
+    :class:`SystemConfig`."""
+    if isinstance(system, AppliedConfig):
+        return system
+    if isinstance(system, SystemConfig):
+        return AppliedConfig(system)
+    raise TypeError(f"expected a SystemConfig or AppliedConfig, got {type(system).__name__}")
 
 
 def process_omp_wait_policy() -> str:
@@ -68,8 +151,8 @@ def applied_system_config(
     :class:`SystemConfigError`: OpenMP reads it at start-up, so it cannot be applied
     here, and running anyway would measure the wrong config.
 
-    Data-loader workers, autocast precision and channels_last are read by the
-    workload when it builds its loader and runs its steps (see :func:`autocast_for`).
+    The yielded :class:`AppliedConfig` carries the rest (device, data-loader options,
+    memory format, autocast, loss scaler); the caller passes it to the workload.
     """
     import torch
 
@@ -128,11 +211,6 @@ def applied_system_config(
             ) = saved_cuda
 
 
-def autocast_for(config: SystemConfig) -> contextlib.AbstractContextManager:
+def autocast_for(config: SystemConfig | AppliedConfig) -> contextlib.AbstractContextManager:
     """The autocast context a training step should run under for ``config``."""
-    import torch
-
-    if config.device == "cuda" and config.precision != "fp32":
-        dtype = torch.bfloat16 if config.precision == "bf16" else torch.float16
-        return torch.autocast(device_type="cuda", dtype=dtype)
-    return contextlib.nullcontext()
+    return applied_context(config).autocast()

@@ -88,30 +88,15 @@ class SystemConfig:
     channels_last: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("cores", "interop_threads"):
+        for name, (kind, allowed) in _RULES.items():
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise SystemConfigError(f"system.{name}", f"must be an integer >= 1, got {v!r}")
-        v = self.dataloader_workers
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise SystemConfigError(
-                "system.dataloader_workers", f"must be an integer >= 0, got {v!r}"
-            )
-        if self.omp_wait_policy not in OMP_WAIT_POLICIES:
-            raise SystemConfigError(
-                "system.omp_wait_policy",
-                f"must be one of {OMP_WAIT_POLICIES}, got {self.omp_wait_policy!r}",
-            )
-        if self.device not in DEVICES:
-            raise SystemConfigError(
-                "system.device", f"must be one of {DEVICES}, got {self.device!r}"
-            )
-        if self.precision not in PRECISIONS:
-            raise SystemConfigError(
-                "system.precision", f"must be one of {PRECISIONS}, got {self.precision!r}"
-            )
-        for name in ("pin_cores", "tf32", "cudnn_benchmark", "channels_last"):
-            if not isinstance(getattr(self, name), bool):
+            if kind == "int" and (not isinstance(v, int) or isinstance(v, bool) or v < allowed):
+                raise SystemConfigError(
+                    f"system.{name}", f"must be an integer >= {allowed}, got {v!r}"
+                )
+            if kind == "enum" and v not in allowed:
+                raise SystemConfigError(f"system.{name}", f"must be one of {allowed}, got {v!r}")
+            if kind == "bool" and not isinstance(v, bool):
                 raise SystemConfigError(f"system.{name}", "must be true or false")
         if self.device == "cpu":
             for name in CUDA_KNOBS:
@@ -125,6 +110,16 @@ class SystemConfig:
     # -- conversions -------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def json_schema(cls) -> dict[str, Any]:
+        """The JSON schema of :meth:`to_dict`'s form, knobs left out taking defaults,
+        read off the same rules ``__post_init__`` applies (the CUDA-only rule aside)."""
+        return {
+            "type": "object",
+            "properties": {k: {**knob_json_schema(k), "default": _DEFAULTS[k]} for k in KNOBS},
+            "additionalProperties": False,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SystemConfig:
@@ -188,6 +183,32 @@ class SystemConfig:
 
 
 KNOBS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(SystemConfig))
+
+#: Each knob's own rule: ``("int", minimum)``, ``("enum", allowed)`` or ``("bool", None)``.
+#: :class:`SystemConfig` checks values by it and JSON schemas are derived from it.
+_RULES: dict[str, tuple[str, Any]] = {
+    "cores": ("int", 1),
+    "interop_threads": ("int", 1),
+    "dataloader_workers": ("int", 0),
+    "omp_wait_policy": ("enum", OMP_WAIT_POLICIES),
+    "pin_cores": ("bool", None),
+    "device": ("enum", DEVICES),
+    "precision": ("enum", PRECISIONS),
+    "tf32": ("bool", None),
+    "cudnn_benchmark": ("bool", None),
+    "channels_last": ("bool", None),
+}
+assert tuple(_RULES) == KNOBS, "every knob has exactly one rule"
+
+
+def knob_json_schema(knob: str) -> dict[str, Any]:
+    """The JSON schema of one value of ``knob``."""
+    kind, allowed = _RULES[knob]
+    if kind == "int":
+        return {"type": "integer", "minimum": allowed}
+    if kind == "enum":
+        return {"enum": list(allowed)}
+    return {"type": "boolean"}
 _DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in dataclasses.fields(SystemConfig) if f.default is not field
 }

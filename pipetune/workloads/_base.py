@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pipetune.system.apply import AppliedConfig
 from pipetune.system.config import SystemConfig
 
 #: Called by a workload after every optimiser step (the profiler samples steps with it).
@@ -52,16 +53,23 @@ class Workload(ABC):
     def batch_size(self) -> int: ...
 
     @abstractmethod
-    def train_epoch(self, system: SystemConfig, on_step: StepHook | None = None) -> TrainStats:
-        """Train one epoch under ``system`` (loader workers, precision, channels_last).
-
-        Threads are already set by the caller via ``applied_system_config``. Call
-        ``on_step()`` after each optimiser step when given.
+    def train_epoch(
+        self, system: AppliedConfig | SystemConfig, on_step: StepHook | None = None
+    ) -> TrainStats:
+        """Train one epoch under ``system``, the :class:`~pipetune.system.apply.AppliedConfig`
+        the caller got from ``applied_system_config`` (threads, pinning and CUDA flags
+        already set). Take the rest from it rather than from the knobs: ``device``,
+        ``memory_format``, ``loader_options()``, ``autocast()``, ``grad_scaler(state)``;
+        ``system.config`` is the :class:`SystemConfig`. When called by hand a plain
+        :class:`SystemConfig` is accepted too: ``applied_context(system)`` turns either
+        into an ``AppliedConfig``. Call ``on_step()`` after each optimiser step when given.
         """
 
     @abstractmethod
-    def evaluate(self, system: SystemConfig) -> dict[str, float]:
-        """Metrics on the held-out split; keys include every name in ``metrics``."""
+    def evaluate(self, system: AppliedConfig | SystemConfig) -> dict[str, float]:
+        """Metrics on the held-out split under ``system`` (an ``AppliedConfig``, or a plain
+        :class:`SystemConfig` when called by hand; see :meth:`train_epoch`); keys include
+        every name in ``metrics``."""
 
     def predict(self) -> Any:
         """Model outputs (logits tensor) on the held-out split, in a fixed order.

@@ -1,7 +1,7 @@
 """What the built-in workloads share: a torch classifier trained by mini-batches.
 
 :class:`TorchClassifierWorkload` implements the whole :class:`Workload` contract
-(hyperparameter checks, the training loop under a :class:`SystemConfig`,
+(hyperparameter checks, the training loop under an applied system config,
 evaluation, checkpoints); a subclass supplies the data, the model and the
 optimiser.
 
@@ -16,7 +16,6 @@ the batch order does not depend on the number of data-loader workers.
 from __future__ import annotations
 
 import math
-import multiprocessing
 import numbers
 from abc import abstractmethod
 from collections.abc import Mapping
@@ -24,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pipetune.errors import SpecError, WorkloadError
-from pipetune.system.apply import autocast_for
+from pipetune.system.apply import AppliedConfig, applied_context
 from pipetune.system.config import SystemConfig
 from pipetune.workloads._base import StepHook, TrainStats, Workload
 
@@ -73,6 +72,15 @@ class HParam:
                 bounds += f" and < {self.high:g}"
             raise SpecError(field_name, f"must be {bounds}, got {value!r}")
         return value
+
+
+def _refuse_unknown(given: Mapping[str, Any], known: Mapping[str, Any], where: str,
+                    what: str) -> None:
+    """A :class:`SpecError` at ``where.<name>`` for the first name of ``given`` not in
+    ``known``, saying ``what`` it is not and what is allowed."""
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise SpecError(f"{where}.{unknown[0]}", f"{what}; allowed: {', '.join(known)}")
 
 
 def _mix_seed(seed: int, epoch: int) -> int:
@@ -140,13 +148,8 @@ class TorchClassifierWorkload(Workload):
     eval_batch_size: ClassVar[int] = 1024
 
     def __init__(self, **params: Any) -> None:
-        unknown = sorted(set(params) - set(self.param_defaults))
-        if unknown:
-            raise SpecError(
-                f"workload.params.{unknown[0]}",
-                f"unknown parameter of workload {self.name!r}; allowed: "
-                f"{', '.join(self.param_defaults)}",
-            )
+        _refuse_unknown(params, self.param_defaults, "workload.params",
+                        f"unknown parameter of workload {self.name!r}")
         super().__init__(**params)
         #: Params with defaults filled in.
         self.settings: dict[str, Any] = {**self.param_defaults, **params}
@@ -224,13 +227,8 @@ class TorchClassifierWorkload(Workload):
         """Check ``hparams`` (defaults fill the gaps), build model and optimiser from ``seed``."""
         import torch
 
-        unknown = sorted(set(hparams) - set(self.hparam_specs))
-        if unknown:
-            raise SpecError(
-                f"hyperparameters.{unknown[0]}",
-                f"not a hyperparameter of workload {self.name!r}; allowed: "
-                f"{', '.join(self.hparam_specs)}",
-            )
+        _refuse_unknown(hparams, self.hparam_specs, "hyperparameters",
+                        f"not a hyperparameter of workload {self.name!r}")
         if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
             raise SpecError("seed", f"must be an integer, got {seed!r}")
         seed = int(seed)
@@ -249,14 +247,10 @@ class TorchClassifierWorkload(Workload):
         self._device = "cpu"
         self._optimizer = self._build_optimizer(model, self.hparams)
 
-    def _place(self, system: SystemConfig) -> torch.device:
-        import torch
-
+    def _place(self, ctx: AppliedConfig) -> torch.device:
         model, optimizer = self._require_setup()
-        if system.device == "cuda" and not torch.cuda.is_available():
-            raise WorkloadError("system.device is cuda but torch sees no CUDA device here")
-        device = torch.device(system.device)
-        fmt = torch.channels_last if system.channels_last else torch.contiguous_format
+        device = ctx.device
+        fmt = ctx.memory_format
         if device.type != self._device:
             # Moving parameters leaves optimiser state (momentum, Adam moments) behind;
             # reloading the optimiser's own state dict casts it to the parameters' device.
@@ -268,48 +262,34 @@ class TorchClassifierWorkload(Workload):
             model.to(memory_format=fmt)
         return device
 
-    def _loader(self, data: ClassifierData, system: SystemConfig) -> Any:
+    def _loader(self, data: ClassifierData, ctx: AppliedConfig) -> Any:
         import torch
         from torch.utils.data import DataLoader, TensorDataset
 
         generator = torch.Generator().manual_seed(_mix_seed(self._seed, self._epoch))
-        extra: dict[str, Any] = {}
-        workers = system.dataloader_workers
-        if workers > 0 and multiprocessing.current_process().daemon:
-            raise WorkloadError(
-                f"system.dataloader_workers={workers} needs worker processes, but this process "
-                "is daemonic and may not start any (a Dask worker: set the Dask config "
-                "distributed.worker.daemon to False)"
-            )
-        if workers > 0 and "fork" in multiprocessing.get_all_start_methods():
-            extra["multiprocessing_context"] = "fork"
         return DataLoader(
             TensorDataset(data.train_x, data.train_y),
             batch_size=self.batch_size,
             shuffle=True,
             generator=generator,
-            num_workers=workers,
-            persistent_workers=False,
-            pin_memory=system.device == "cuda",
-            **extra,
+            **ctx.loader_options(),
         )
 
-    def train_epoch(self, system: SystemConfig, on_step: StepHook | None = None) -> TrainStats:
+    def train_epoch(
+        self, system: AppliedConfig | SystemConfig, on_step: StepHook | None = None
+    ) -> TrainStats:
         """One pass over the training split, shuffled from (seed, epoch); see the class doc."""
         import torch
         import torch.nn.functional as F
 
+        ctx = applied_context(system)
         model, optimizer = self._require_setup()
-        device = self._place(system)
+        device = self._place(ctx)
         data = self.data
-        loader = self._loader(data, system)
-        self._before_epoch(system, len(loader))
-        scaler = None
-        if system.device == "cuda" and system.precision == "fp16":
-            scaler = torch.amp.GradScaler("cuda")
-            if self._scaler_state:
-                scaler.load_state_dict(self._scaler_state)
-        four_d = torch.channels_last if system.channels_last else torch.contiguous_format
+        loader = self._loader(data, ctx)
+        self._before_epoch(ctx.config, len(loader))
+        scaler = ctx.grad_scaler(self._scaler_state)
+        four_d = ctx.memory_format
         model.train()
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         samples = steps = 0
@@ -319,7 +299,7 @@ class TorchClassifierWorkload(Workload):
                 x = x.contiguous(memory_format=four_d)
             y = y.to(device, non_blocking=True)
             optimizer.zero_grad(set_to_none=True)
-            with autocast_for(system):
+            with ctx.autocast():
                 logits = model(x)
             loss = F.cross_entropy(logits.float(), y)
             if scaler is not None:
@@ -341,7 +321,7 @@ class TorchClassifierWorkload(Workload):
         mean_loss = float(loss_sum.item()) / samples if samples else float("nan")
         return TrainStats(loss=mean_loss, samples=samples, steps=steps)
 
-    def _val_logits(self, device: torch.device, system: SystemConfig | None) -> torch.Tensor:
+    def _val_logits(self, device: torch.device, ctx: AppliedConfig | None) -> torch.Tensor:
         import contextlib
 
         import torch
@@ -350,22 +330,24 @@ class TorchClassifierWorkload(Workload):
         data = self.data
         model.eval()
         chunks = []
-        cast = autocast_for(system) if system is not None else contextlib.nullcontext()
+        cast = ctx.autocast() if ctx is not None else contextlib.nullcontext()
+        channels_last = ctx is not None and ctx.memory_format == torch.channels_last
         with torch.no_grad(), cast:
             for start in range(0, len(data.val_x), self.eval_batch_size):
                 x = data.val_x[start : start + self.eval_batch_size].to(device)
-                if x.dim() == 4 and system is not None and system.channels_last:
+                if x.dim() == 4 and channels_last:
                     x = x.contiguous(memory_format=torch.channels_last)
                 chunks.append(model(x).float())
         model.train()
         return torch.cat(chunks)
 
-    def evaluate(self, system: SystemConfig) -> dict[str, float]:
+    def evaluate(self, system: AppliedConfig | SystemConfig) -> dict[str, float]:
         """``accuracy`` (0..1) and mean cross-entropy ``val_loss`` on the validation split."""
         import torch.nn.functional as F
 
-        device = self._place(system)
-        logits = self._val_logits(device, system)
+        ctx = applied_context(system)
+        device = self._place(ctx)
+        logits = self._val_logits(device, ctx)
         y = self.data.val_y.to(device)
         return {
             "accuracy": float((logits.argmax(dim=1) == y).double().mean().item()),
