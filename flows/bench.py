@@ -36,6 +36,7 @@ from pipetune.bench import (
     write_report,
 )
 from pipetune.progress import add_listener, remove_listener
+from pipetune.remote import default_address
 from pipetune.spec import JobSpec
 from pipetune.system.config import MachineInfo
 
@@ -111,6 +112,10 @@ def run_bench(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     checkpoints = out / "checkpoints"
+    # On a cluster of other hosts the workers cannot reach this folder: the studies then
+    # use the default store ($PIPETUNE_CHECKPOINTS: on a team stack, the MLflow proxy).
+    remote = bool(dask_address or default_address())
+    checkpoint_root = None if remote else str(checkpoints)
     groundtruth = out / "groundtruth.json"
     tracker = BenchTracker(tracking_uri, job, command=command)
     started = time.time()
@@ -135,7 +140,7 @@ def run_bench(
                 call_started = time.time()
                 summary, study = run_study(
                     spec, name=name, tracking_uri=tracking_uri,
-                    checkpoint_root=str(checkpoints), groundtruth_path=str(groundtruth),
+                    checkpoint_root=checkpoint_root, groundtruth_path=str(groundtruth),
                     dask_address=dask_address,
                 )
                 result = dataclasses.replace(
@@ -155,7 +160,7 @@ def run_bench(
             o_started = time.time()
             summary, study = run_study(
                 spec, name=ORACLE, tracking_uri=tracking_uri,
-                checkpoint_root=str(checkpoints), groundtruth_path=str(groundtruth),
+                checkpoint_root=checkpoint_root, groundtruth_path=str(groundtruth),
                 dask_address=dask_address,
             )
             bench.oracle = oracle_rows(study)

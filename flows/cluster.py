@@ -203,9 +203,11 @@ def close_shared_cluster() -> None:
 def _client_for(address: str):
     from distributed import Client
 
+    from pipetune.remote import client_security
+
     client = _clients.get(address)
     if client is None or client.status in ("closed", "closing"):
-        client = Client(address, set_as_default=False, timeout=30)
+        client = Client(address, set_as_default=False, timeout=30, security=client_security())
         _clients[address] = client
     return client
 
@@ -224,7 +226,10 @@ def cluster_core_budget(dask_address: str) -> int:
     (a worker advertising none counts its threads)."""
     from distributed import Client
 
-    with Client(dask_address, timeout=10, set_as_default=False) as client:
+    from pipetune.remote import client_security
+
+    with Client(dask_address, timeout=10, set_as_default=False,
+                security=client_security()) as client:
         info = client.scheduler_info(n_workers=-1)
     total = 0
     for worker in info.get("workers", {}).values():

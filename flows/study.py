@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from prefect import flow, get_run_logger
 from prefect.exceptions import TerminationSignal
@@ -30,12 +30,12 @@ from flows.cluster import (
 )
 from flows.params import CoreBudget, JobArgument, TrialsOverride
 from pipetune.backends import DaskBackend
-from pipetune.checkpoints import CheckpointStore
+from pipetune.checkpoints import CheckpointStore, default_checkpoint_root, resolve_checkpoint_root
 from pipetune.confine import confine_parameters, confine_resumed, enforced
 from pipetune.groundtruth import GroundTruth
-from pipetune.home import pipetune_home
 from pipetune.journal import StudyJournal, find_study, studies_root
 from pipetune.progress import notify
+from pipetune.remote import check_scheduler_address, default_address
 from pipetune.reports import orchestration_overhead, overhead_summary
 from pipetune.spec import JobSpec, load_spec
 from pipetune.states import TrialState
@@ -67,6 +67,7 @@ def study_flow(
     core_budget: CoreBudget = None,
     dask_address: str | None = None,
     resume: str | None = None,
+    keep_checkpoints: Literal["best-and-last", "all"] = "best-and-last",
 ) -> dict[str, Any]:
     """Tune ``job`` (a job-spec dict, a path to a job YAML, or a checked
     :class:`~pipetune.spec.JobSpec` from a caller in this process) and record it in
@@ -82,6 +83,12 @@ def study_flow(
     workload's module in its ``PIPETUNE_ALLOWED_MODULES``; otherwise it fails with a
     :class:`~pipetune.errors.ConfinementError` naming the parameter, before anything
     is recorded.
+
+    ``checkpoint_root``: a folder, an fsspec URL, an ``mlflow-artifacts:`` URI, or
+    ``mlflow`` (the study run's own artifacts: through the tracking server's artifact
+    proxy on a team stack, reachable by every host); default ``$PIPETUNE_CHECKPOINTS``,
+    else the pipetune home. ``keep_checkpoints``: ``best-and-last`` deletes each ended
+    trial's other checkpoints in the background; ``all`` keeps every one.
 
     Epochs run on the Dask cluster at ``dask_address``, else on this process's
     embedded ``LocalCluster`` (started once, reused by later studies). Returns a
@@ -113,20 +120,33 @@ def study_flow(
     else:
         tracking_uri = tracking_uri or default_tracking_uri()
         study_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        checkpoint_root = checkpoint_root or str(pipetune_home() / "checkpoints")
+        checkpoint_root = checkpoint_root or default_checkpoint_root()
     # The constructor takes the similarity section's fields by name: one rule, no copy.
     ground_truth = GroundTruth(groundtruth_path, **spec.pipetune.similarity.model_dump())
     # Refusals before anything is recorded: a corrupt ground truth, a system space
     # the cluster's workers cannot run.
     if spec.pipetune.enabled:
         ground_truth.check()
+    dask_address = dask_address or default_address()  # a team stack's worker sets it
+    if dask_address:
+        check_scheduler_address(dask_address, field="dask_address")
     client = client_for(dask_address)
     check_cluster_fits(client, spec)
     if not resume:
         journal = StudyJournal(studies_root(), study_id).create(
             job=spec.to_dict(), job_name=spec.name, tracking_uri=tracking_uri,
             checkpoint_root=checkpoint_root, groundtruth_path=groundtruth_path)
-    checkpoints = CheckpointStore(checkpoint_root)
+    tags = {"prefect.flow_run_id": str(flow_run.id or ""), "pipetune.study_id": study_id}
+    if deployment.id:
+        tags["prefect.deployment_id"] = str(deployment.id)
+        tags["prefect.deployment_name"] = str(deployment.name or "")
+    tracker = StudyTracker(tracking_uri, spec, tags=tags,
+                           resume_run_id=resumed.get("parent_run_id"))
+    # ``mlflow``: checkpoints are artifacts of the study's run (through the tracking
+    # server's artifact proxy on a team stack), so every host reaches them by URL.
+    checkpoints = CheckpointStore(
+        resolve_checkpoint_root(checkpoint_root, tracking_uri, tracker.artifact_uri),
+        keep=keep_checkpoints)
     if dask_address is None:  # workers for OpenMP policies the job asks for, before the clock
         ensure_worker_groups(process_knob_values(spec))
     if core_budget is None and dask_address:
@@ -140,12 +160,6 @@ def study_flow(
         study.replay(journal.events(), checkpoint_exists=CheckpointStore.exists)
         logger.info("study %s resumed: %d finished epochs taken over", study_id,
                     study.resumed_epochs)
-    tags = {"prefect.flow_run_id": str(flow_run.id or ""), "pipetune.study_id": study_id}
-    if deployment.id:
-        tags["prefect.deployment_id"] = str(deployment.id)
-        tags["prefect.deployment_name"] = str(deployment.name or "")
-    tracker = StudyTracker(tracking_uri, spec, tags=tags,
-                           resume_run_id=resumed.get("parent_run_id"))
     tracker.reopen_trials(
         [t.trial_id for t in study.trials.values() if t.state == TrialState.RUNNING])
     journal.update(status="running", parent_run_id=tracker.parent_run_id,
@@ -163,6 +177,7 @@ def study_flow(
             if event.result is None:
                 logger.warning("trial %s failed: %s", event.trial.trial_id, event.trial.error)
             tracker.end_trial(event.trial, metric=study.metric)
+            checkpoints.prune_trial(event.trial.results, study.metric, study.mode)
         notify(study)
 
     started = time.time()
@@ -174,6 +189,7 @@ def study_flow(
             decide=lambda trial_id, epoch: _decide(study, record, trial_id, epoch),
         )
         extra = _evaluate_best(study, backend)
+        extra["checkpoints_pruned"] = float(checkpoints.wait_pruned())
         wall_s = time.time() - started
         timings = orchestration_overhead(study)
         extra.update(overhead_summary(timings))

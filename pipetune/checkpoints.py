@@ -1,4 +1,5 @@
-"""Checkpoint store: one checkpoint per trial epoch, at a local folder or any fsspec URL.
+"""Checkpoint store: one checkpoint per trial epoch, at a local folder, any fsspec URL,
+or MLflow's artifact proxy (:mod:`pipetune.storage`).
 
 Tasks pass *references* (URL strings), never model bytes, so a retried or resumed
 epoch starts from the last checkpoint wherever it runs.
@@ -14,16 +15,22 @@ from __future__ import annotations
 
 import copy
 import io
+import logging
+import os
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipetune.errors import PipetuneError
+from pipetune.storage import is_local, resolve_location, storage_for
 
 if TYPE_CHECKING:
     from pipetune.workloads._base import Workload
+
+logger = logging.getLogger(__name__)
 
 #: How long a reader waits for a checkpoint another process is still writing.
 DEFAULT_WAIT_S = 60.0
@@ -71,6 +78,26 @@ def flush_checkpoints() -> None:
     _WRITER.flush()
 
 
+#: Environment variable naming the default checkpoint location (a team stack's store).
+CHECKPOINTS_ENV = "PIPETUNE_CHECKPOINTS"
+
+
+def default_checkpoint_root() -> str:
+    """``$PIPETUNE_CHECKPOINTS``, else ``<pipetune home>/checkpoints``."""
+    from pipetune.home import pipetune_home
+
+    return os.environ.get(CHECKPOINTS_ENV, "").strip() or str(pipetune_home() / "checkpoints")
+
+
+def resolve_checkpoint_root(root: str, tracking_uri: str, run_artifact_uri: str) -> str:
+    """Where a study's checkpoints go, as a URL every worker can use: ``mlflow`` means
+    ``<the study run's artifacts>/checkpoints``; ``mlflow-artifacts:`` URIs become the
+    tracking server's proxy address; anything else is kept."""
+    if root == "mlflow":
+        root = f"{run_artifact_uri.rstrip('/')}/checkpoints"
+    return resolve_location(root, tracking_uri)
+
+
 class CheckpointStore:
     """Checkpoints under ``root`` (a folder path or fsspec URL such as ``s3://bucket/x``).
 
@@ -79,25 +106,57 @@ class CheckpointStore:
     '/tmp/ckpts/study-1/trial-003/epoch-002.pt'
     """
 
-    def __init__(self, root: str | Path):
+    #: Pruning policies: ``best-and-last`` (each ended trial keeps its last checkpoint
+    #: and its best epoch's), ``all`` (nothing is deleted).
+    KEEP_POLICIES = ("best-and-last", "all")
+
+    def __init__(self, root: str | Path, keep: str = "best-and-last"):
+        if keep not in self.KEEP_POLICIES:
+            raise PipetuneError(
+                f"checkpoint keep policy must be one of {', '.join(self.KEEP_POLICIES)}, "
+                f"got {keep!r}")
         self.root = str(root).rstrip("/")
+        self.keep = keep
+        self._pruner: ThreadPoolExecutor | None = None
+        self._pruning: list[Future] = []
+
+    def __getstate__(self) -> dict[str, Any]:  # the pruner stays in the driver
+        return {**self.__dict__, "_pruner": None, "_pruning": []}
+
+    def prune_trial(self, results: Sequence[Any], metric: str, mode: str) -> list[str]:
+        """Under the ``best-and-last`` policy, delete an ended trial's other checkpoints
+        in the background (the study does not wait on storage); the refs let go."""
+        if self.keep == "all":
+            return []
+        refs = self.prunable(results, metric, mode)
+        if refs:
+            if self._pruner is None:
+                self._pruner = ThreadPoolExecutor(1, thread_name_prefix="pipetune-prune")
+            self._pruning.append(self._pruner.submit(self.remove, refs))
+        return refs
+
+    def wait_pruned(self) -> int:
+        """Wait for the deletions asked so far; how many checkpoints they removed. A
+        deletion that failed is logged, not raised: a left-over file costs only space."""
+        removed = 0
+        for future in self._pruning:
+            try:
+                removed += future.result()
+            except Exception:  # noqa: BLE001
+                logger.warning("pruning checkpoints failed", exc_info=True)
+        self._pruning.clear()
+        return removed
 
     def ref(self, study_id: str, trial_id: int, epoch: int) -> str:
         return f"{self.root}/{study_id}/trial-{trial_id:03d}/epoch-{epoch:03d}.pt"
 
     @staticmethod
     def write_state(state: dict[str, Any], ref: str) -> None:
-        import fsspec
         import torch
 
         buffer = io.BytesIO()
         torch.save(state, buffer)
-        fs, path = fsspec.core.url_to_fs(ref)
-        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        tmp = f"{path}.tmp"
-        with fs.open(tmp, "wb") as fh:
-            fh.write(buffer.getvalue())
-        fs.mv(tmp, path)  # readers never see a half-written checkpoint
+        storage_for(ref).write(ref, buffer.getvalue())
 
     @staticmethod
     def save(workload: Workload, ref: str) -> None:
@@ -105,27 +164,58 @@ class CheckpointStore:
 
     @staticmethod
     def save_async(workload: Workload, ref: str) -> Future:
-        """Snapshot ``workload``'s state now; write it in the background."""
-        return _WRITER.submit(ref, _snapshot(workload.state_dict()))
+        """Snapshot ``workload``'s state now; write it in the background when ``ref`` is
+        on this host's disk, else now.
+
+        A worker that dies between an epoch's result and its background write loses
+        the checkpoint the retry elsewhere needs. On local disk that window is a few
+        milliseconds (and a worker's disk is only shared on one host anyway); a write
+        to a server (MLflow's proxy, object storage) takes longer, so there the result
+        waits for the checkpoint to be on storage: a dead worker loses nothing."""
+        if is_local(ref):
+            return _WRITER.submit(ref, _snapshot(workload.state_dict()))
+        done: Future = Future()
+        CheckpointStore.save(workload, ref)
+        done.set_result(None)
+        return done
 
     @staticmethod
     def load(workload: Workload, ref: str, wait_s: float = DEFAULT_WAIT_S) -> None:
-        import fsspec
+        workload.load_state_dict(CheckpointStore.read_state(ref, wait_s))
+
+    @staticmethod
+    def read_state(ref: str, wait_s: float = DEFAULT_WAIT_S) -> dict[str, Any]:
+        """The state saved at ``ref``, waiting up to ``wait_s`` for a writer elsewhere
+        (a file that is missing, or on storage that can show a file half-copied, one
+        that does not deserialise yet, is read again until then)."""
         import torch
 
         pending = _WRITER.pending(ref)
         if pending is not None:
             pending.result()
-        fs, path = fsspec.core.url_to_fs(ref)
+        storage = storage_for(ref)
         deadline = time.monotonic() + wait_s
-        while not fs.exists(path):
+        while True:
+            data = storage.read(ref)
+            why = "did not appear"
+            if data is not None:
+                try:
+                    return torch.load(io.BytesIO(data), weights_only=True)
+                except (EOFError, RuntimeError) as e:
+                    if not storage.partial_reads:  # written whole or not at all: final
+                        raise
+                    why = f"stayed unreadable ({type(e).__name__}: {e})"
             if time.monotonic() >= deadline:
-                raise PipetuneError(f"checkpoint {ref} did not appear within {wait_s:.0f} s")
+                raise PipetuneError(f"checkpoint {ref} {why} within {wait_s:.0f} s")
             time.sleep(0.05)
-            fs.invalidate_cache(path)
-        with fs.open(path, "rb") as fh:
-            state = torch.load(io.BytesIO(fh.read()), weights_only=True)
-        workload.load_state_dict(state)
+
+    @staticmethod
+    def read_bytes(ref: str) -> bytes:
+        """The checkpoint file's bytes as stored (to copy it elsewhere)."""
+        data = storage_for(ref).read(ref)
+        if data is None:
+            raise PipetuneError(f"checkpoint {ref} does not exist")
+        return data
 
     @staticmethod
     def wait_written(ref: str) -> None:
@@ -141,10 +231,29 @@ class CheckpointStore:
 
     @staticmethod
     def exists(ref: str) -> bool:
-        import fsspec
+        return storage_for(ref).exists(ref)
 
-        fs, path = fsspec.core.url_to_fs(ref)
-        return fs.exists(path)
+    @staticmethod
+    def prunable(results: Sequence[Any], metric: str, mode: str) -> list[str]:
+        """The checkpoints of an ended trial that the pruning policy lets go: all but
+        the last (the trial's model, what a resume and the best-model evaluation read)
+        and the best by ``metric`` (``mode`` ``max`` or ``min``)."""
+        refs = [r.checkpoint for r in results if r.checkpoint]
+        if len(refs) <= 1:
+            return []
+        scored = [r for r in results if r.checkpoint and metric in r.metrics]
+        keep = {refs[-1]}
+        if scored:
+            pick = max if mode == "max" else min
+            keep.add(pick(scored, key=lambda r: r.metrics[metric]).checkpoint)
+        return [ref for ref in dict.fromkeys(refs) if ref not in keep]
+
+    @staticmethod
+    def remove(refs: Sequence[str]) -> int:
+        """Delete ``refs`` (each once; one already gone is fine); how many were asked."""
+        for ref in refs:
+            storage_for(ref).remove(ref)
+        return len(refs)
 
 
 def _snapshot(state: Any) -> Any:

@@ -56,7 +56,10 @@ BUILTIN_MODULES: tuple[str, ...] = ("pipetune.workloads",)
 
 #: Environment a run must not set for itself through job variables: the policy and
 #: the worker's own defaults (which are not checked) are the worker's to set.
-WORKER_ENV: tuple[str, ...] = (ROOTS_ENV, MODULES_ENV, "PIPETUNE_HOME", "MLFLOW_TRACKING_URI")
+WORKER_ENV: tuple[str, ...] = (
+    ROOTS_ENV, MODULES_ENV, "PIPETUNE_HOME", "MLFLOW_TRACKING_URI", "PIPETUNE_GROUNDTRUTH",
+    "PIPETUNE_CHECKPOINTS",
+)
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -357,14 +360,35 @@ def confine_resumed(header: dict[str, Any], policy: Confinement | None) -> dict[
     return header
 
 
+#: Store values that name no path: ``checkpoint_root: mlflow`` writes into the study's
+#: own MLflow run (its tracking URI is checked on its own).
+_WORKER_OWN: dict[str, tuple[str, ...]] = {"checkpoint_root": ("mlflow",)}
+#: The environment variable holding the worker's own default for a store parameter.
+_STORE_ENV = {"groundtruth_path": "PIPETUNE_GROUNDTRUTH",
+              "checkpoint_root": "PIPETUNE_CHECKPOINTS"}
+
+
+def _env_default(name: str) -> str | None:
+    return os.environ.get(_STORE_ENV[name]) or None
+
+
 def _check_stores(policy: Confinement, values: dict[str, Any], where: str = "") -> None:
     """Check the stores in ``values``, putting the resolved local paths back."""
     for name in STORE_PARAMETERS:
+        own = (*_WORKER_OWN.get(name, ()), _env_default(name))
+        if values.get(name) in own:
+            continue  # the worker's own store (or the study's own MLflow run): its choice
         if values.get(name):
             try:
-                values[name] = policy.check_path(name, values[name])
-            except ConfinementError as e:
-                raise ConfinementError(e.field, f"{where}{e.message}") from None
+                value = str(values[name])
+                if value.startswith("sqlite:///"):  # a SQLite ground truth is a file
+                    values[name] = "sqlite:///" + policy.check_path(
+                        name, value[len("sqlite:///"):])
+                else:  # a path, or a URL (a database's too) under an allowed URL prefix
+                    values[name] = policy.check_path(name, value)
+            except ConfinementError as e:  # a database URL's password is not repeated
+                message = re.sub(r"(://[^/:@\s]*):[^@/\s]*@", r"\1:***@", e.message)
+                raise ConfinementError(e.field, f"{where}{message}") from None
     from pipetune.tracking import default_tracking_uri
 
     uri = values.get("tracking_uri")

@@ -40,6 +40,10 @@ class WorkloadError(PipetuneError):
     """A workload could not be found, built or trained."""
 
 
+class StorageError(PipetuneError):
+    """A checkpoint or artifact location that cannot be used, or refused an operation."""
+
+
 class GroundTruthError(PipetuneError):
     """The ground-truth store is unreadable or was used wrongly."""
 

@@ -20,6 +20,11 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
 os.environ.pop("PREFECT_API_URL", None)
 os.environ.pop("MLFLOW_TRACKING_URI", None)
+# A developer's team-stack settings (`eval "$(pipetune stack env)"`) stay out of tests.
+for _name in ("PIPETUNE_GROUNDTRUTH", "PIPETUNE_CHECKPOINTS", "PIPETUNE_DASK_ADDRESS",
+              "PIPETUNE_DASK_ALLOW_INSECURE", "PIPETUNE_DASK_TLS_CA_FILE",
+              "PIPETUNE_DASK_TLS_CERT", "PIPETUNE_DASK_TLS_KEY"):
+    os.environ.pop(_name, None)
 
 #: The real datasets beside the project (absent on a user's machine).
 SHARED_DATASETS = Path(

@@ -344,3 +344,32 @@ def test_a_deployed_stream_reads_only_allowed_job_files(policy, root, tmp_path):
     error = refused(confine_stream, ["jobs/a.yaml", str(tmp_path / "b.yaml")], None,
                     from_deployment=True, policy=policy)
     assert error.field == "job_files.1"
+
+
+def test_store_urls_a_team_uses_are_confined_like_paths(tmp_path, monkeypatch):
+    """A ground truth named by URL: a SQLite file is checked as the file it is, a
+    server database against the allowed URL prefixes (its password never repeated);
+    the worker's own defaults and ``checkpoint_root: mlflow`` are its own choice."""
+    from pipetune.confine import confine_parameters
+    from pipetune.errors import ConfinementError
+
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    monkeypatch.setenv("PIPETUNE_ALLOWED_ROOTS", str(allowed))
+    monkeypatch.delenv("PIPETUNE_GROUNDTRUTH", raising=False)
+    inside = f"sqlite:///{allowed}/gt.db"
+    checked, _ = confine_parameters({"groundtruth_path": inside}, from_deployment=True)
+    assert checked["groundtruth_path"] == inside
+    with pytest.raises(ConfinementError) as e:
+        confine_parameters({"groundtruth_path": f"sqlite:///{tmp_path}/gt.db"},
+                           from_deployment=True)
+    assert e.value.field == "groundtruth_path"
+    secret = "postgresql://alice:s3cret@db.example.org/pipetune"
+    with pytest.raises(ConfinementError) as e:
+        confine_parameters({"groundtruth_path": secret}, from_deployment=True)
+    assert "s3cret" not in str(e.value) and "alice:***@" in str(e.value)
+    monkeypatch.setenv("PIPETUNE_GROUNDTRUTH", secret)  # the worker's own: not checked
+    checked, _ = confine_parameters({"groundtruth_path": secret}, from_deployment=True)
+    assert checked["groundtruth_path"] == secret
+    checked, _ = confine_parameters({"checkpoint_root": "mlflow"}, from_deployment=True)
+    assert checked["checkpoint_root"] == "mlflow"

@@ -23,6 +23,7 @@ SAMPLES = {
     "WorkloadError": lambda c: c("workload broke"),
     "DatasetError": lambda c: c("file missing"),
     "GroundTruthError": lambda c: c("store corrupt"),
+    "StorageError": lambda c: c("PUT http://h/x.pt: HTTP 503"),
     "JournalError": lambda c: c("line 2 is corrupt"),
     "Stopped": lambda c: c(signal.SIGTERM),
     "StudyStuck": lambda c: c("nothing launchable"),

@@ -255,8 +255,9 @@ def test_buckets_are_powers_of_two():
 
 def test_default_path_is_in_the_pipetune_home(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPETUNE_HOME", str(tmp_path / "home"))
-    store = GroundTruth()
-    assert store.path == tmp_path / "home" / "groundtruth.json"
+    monkeypatch.delenv("PIPETUNE_GROUNDTRUTH", raising=False)
+    store = GroundTruth()  # a SQLite file since the ground truth moved to SQL
+    assert store.path == tmp_path / "home" / "groundtruth.db"
     assert (tmp_path / "home").is_dir()
 
 

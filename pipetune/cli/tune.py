@@ -20,16 +20,16 @@ import time
 from pipetune.cli import quiet_defaults
 from pipetune.errors import PipetuneError, SpecError, Stopped
 
-_DASK_ADDRESS = re.compile(r"^(tcp|tls|inproc|ucx)://[^\s:/]+(:\d+)?$")
-
 
 def _check_options(args: argparse.Namespace) -> None:
     if args.trials is not None and args.trials < 1:
         raise SpecError("--trials", f"must be an integer >= 1, got {args.trials}")
-    if args.dask_address and not _DASK_ADDRESS.match(args.dask_address):
-        raise SpecError(
-            "--dask-address", f"must look like tcp://HOST:PORT, got {args.dask_address!r}"
-        )
+    from pipetune.remote import check_scheduler_address, client_security, default_address
+
+    args.dask_address = args.dask_address or default_address()
+    if args.dask_address:
+        check_scheduler_address(args.dask_address, allow_insecure=args.allow_insecure_dask)
+        client_security()  # a half-set or missing TLS file is refused now, by name
     if args.tracking_uri and not re.match(r"^(sqlite|file|https?|postgresql|mysql|databricks)",
                                           args.tracking_uri):
         raise SpecError(
@@ -185,6 +185,7 @@ def _run_tune(args: argparse.Namespace) -> int:
                         job=spec,  # checked once, at check_job; not again in the flow
                         tracking_uri=tracking_uri,
                         checkpoint_root=args.checkpoints,
+                        keep_checkpoints=args.keep_checkpoints,
                         core_budget=job["core_budget"],
                         dask_address=args.dask_address,
                         resume=args.resume,
@@ -316,11 +317,21 @@ def add_tune(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("job", metavar="JOB.yaml")
     p.add_argument("--trials", type=int, default=None, help="override search.trials")
-    p.add_argument("--dask-address", default=None, help="use an existing Dask scheduler")
+    p.add_argument("--dask-address", default=None,
+                   help="use an existing Dask scheduler (default: $PIPETUNE_DASK_ADDRESS); "
+                   "tcp:// only on loopback, tls:// elsewhere (see --allow-insecure-dask)")
+    p.add_argument("--allow-insecure-dask", action="store_true", default=None,
+                   help="allow plain tcp:// to a scheduler on another host (a network you "
+                   "trust); also PIPETUNE_DASK_ALLOW_INSECURE=1")
     p.add_argument("--tracking-uri", default=None,
                    help="MLflow tracking URI (default: sqlite:///./mlflow.db)")
     p.add_argument("--checkpoints", default=None,
-                   help="checkpoint folder or fsspec URL (default: $PIPETUNE_HOME/checkpoints)")
+                   help="checkpoint folder, fsspec URL, mlflow-artifacts: URI, or 'mlflow' (the "
+                   "study run's artifacts, through the tracking server's artifact proxy); "
+                   "default: $PIPETUNE_CHECKPOINTS, else $PIPETUNE_HOME/checkpoints")
+    p.add_argument("--keep-checkpoints", choices=("best-and-last", "all"),
+                   default="best-and-last",
+                   help="after a trial ends, keep its last and best checkpoints (default), or all")
     p.add_argument("--no-pipetune", action="store_true",
                    help="hyperparameters only: every epoch under the default system config")
     p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="STUDY_ID",

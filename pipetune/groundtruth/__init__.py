@@ -11,8 +11,11 @@ for different reasons:
 
 - :mod:`pipetune.groundtruth.model`: how similarity is decided (features, noise floors,
   distances, the k-means clusters and their bounds) and which config is best;
-- :mod:`pipetune.groundtruth.store`: the JSON file, its locking, the one validation rule
-  for records, audit and repair, and the cap on each group's records (bounded growth).
+- the store: :mod:`pipetune.groundtruth.sql` (a SQLite file or a PostgreSQL database,
+  the default) or :mod:`pipetune.groundtruth.store` (one JSON file, also the
+  import/export format, which holds the one validation rule for records, audit and
+  repair, and the cap on each group's records); :mod:`pipetune.groundtruth.location`
+  picks one from a path or URL.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from pipetune.errors import GroundTruthError, SpecError
+from pipetune.groundtruth.location import GROUNDTRUTH_ENV, open_store
 from pipetune.groundtruth.model import (
     DEFAULT_SCALE_FLOOR,
     SCALE_FLOORS,
@@ -39,13 +43,14 @@ from pipetune.groundtruth.store import (
     FORMAT_VERSION,
     OBJECTIVES,
     JsonStore,
+    Records,
     Repair,
     StoreReport,
     capped,
     check_objective,
     record_problem,
+    write_json,
 )
-from pipetune.home import pipetune_home
 from pipetune.profiler.profile import Profile
 from pipetune.states import GroundTruthMatch
 from pipetune.system.config import SystemConfig
@@ -53,6 +58,7 @@ from pipetune.system.config import SystemConfig
 __all__ = [
     "DEFAULT_SCALE_FLOOR",
     "FORMAT_VERSION",
+    "GROUNDTRUTH_ENV",
     "OBJECTIVES",
     "SCALE_FLOORS",
     "GroundTruth",
@@ -72,7 +78,9 @@ def _forward(holder: str, name: str, doc: str) -> property:
 class GroundTruth:
     """The shared store of best system configs, keyed by job profile and batch size.
 
-    ``path`` defaults to ``pipetune_home() / "groundtruth.json"``. ``max_clusters``,
+    ``location`` is a path or URL (see :mod:`pipetune.groundtruth.location`): by default
+    ``$PIPETUNE_GROUNDTRUTH``, else ``sqlite:///<pipetune_home()>/groundtruth.db``
+    (which imports an old ``groundtruth.json`` beside it once). ``max_clusters``,
     ``bound_factor`` and ``min_bound`` set the similarity rule (see
     :mod:`pipetune.groundtruth.model`), ``max_records_per_group`` the bounded growth
     (see :mod:`pipetune.groundtruth.store`).
@@ -80,7 +88,7 @@ class GroundTruth:
 
     def __init__(
         self,
-        path: str | Path | None = None,
+        location: str | Path | None = None,
         *,
         max_clusters: int = 8,
         bound_factor: float = 2.0,
@@ -94,15 +102,13 @@ class GroundTruth:
                 "max_records_per_group",
                 f"must be an integer >= 1, got {max_records_per_group!r}",
             )
-        self._store = JsonStore(
-            Path(path).expanduser() if path is not None else (pipetune_home() / "groundtruth.json")
-        )
+        self._store = open_store(location)
         self.max_records_per_group = max_records_per_group
         self._fit: Fit | None = None
         self._fit_lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"GroundTruth({str(self.path)!r})"
+        return f"GroundTruth({self.location!r})"
 
     def __getstate__(self) -> dict[str, Any]:  # crosses processes without its fit or lock
         state = dict(self.__dict__)
@@ -115,9 +121,12 @@ class GroundTruth:
         self._fit_lock = threading.Lock()
 
     # -- settings: read from the store and the similarity section ----------------------
-    path = _forward("_store", "path", "The ground truth's JSON file.")
-    lock_path = _forward("_store", "lock_path", "The lock file beside it.")
-    backup_path = _forward("_store", "backup_path", "Where ``repair`` keeps the old file.")
+    location = _forward("_store", "location", "Where it is, for messages: the JSON file, or "
+                        "the database URL with any password as ``***``.")
+    path = _forward("_store", "path", "The JSON or SQLite file; ``None`` for a server.")
+    lock_path = _forward("_store", "lock_path", "A JSON file's lock file (else ``None``).")
+    backup_path = _forward("_store", "backup_path", "Where ``repair`` keeps a JSON file as "
+                           "it was (a SQL store's repair names its backup: ``Repair.backup``).")
     max_clusters = _forward("_similarity", "max_clusters", "At most this many clusters.")
     bound_factor = _forward("_similarity", "bound_factor", "Bound = factor x spread.")
     min_bound = _forward("_similarity", "min_bound", "The smallest bound of a cluster.")
@@ -229,9 +238,31 @@ class GroundTruth:
         """Keep every valid record and drop the bad ones; a file that cannot be read as a
         ground truth at all is moved aside to ``<file>.corrupt-<UTC time>`` and an empty
         store started. Before changing anything the file as it was is copied to
-        ``<file>.bak``; both keep the file's permissions. A valid store is left as it
+        ``<file>.bak``; both keep the file's permissions. A SQL store deletes its bad rows
+        after exporting the whole table to a new JSON file (``Repair.backup``: beside a
+        SQLite file, in the pipetune home for a server). A valid store is left as it
         was. Safe across processes."""
         return self._store.repair()
+
+    # -- import and export: the JSON file format -----------------------------------
+    def export_json(self, path: str | Path) -> int:
+        """Write every record to ``path`` in the JSON file format (``FORMAT_VERSION``),
+        readable back by :meth:`import_json` or as a store; returns how many. A store
+        that is not valid raises :class:`GroundTruthError` and nothing is written."""
+        records = self._store.read()
+        write_json(Path(path).expanduser(), records)
+        return len(records)
+
+    def import_json(self, path: str | Path) -> int:
+        """Append every record of the JSON file at ``path``, in one transaction; returns
+        how many. Each is checked first: a file with any bad record (see
+        :meth:`JsonStore.audit`) raises :class:`GroundTruthError` and nothing is written."""
+        source = JsonStore(Path(path).expanduser())
+        if not source.path.is_file():
+            raise GroundTruthError(f"{source.path}: no such file")
+        records: Records = source.read()
+        self._store.mutate(lambda current: [*current, *records])
+        return len(records)
 
     # -- clustering ----------------------------------------------------------------
     def prepare(self) -> None:

@@ -49,14 +49,17 @@ Records = list[dict[str, Any]]
 
 @dataclass(frozen=True)
 class StoreReport:
-    """What :meth:`GroundTruth.audit` found in a store file: ``records`` in it, the
-    ``bad`` ones as ``(index, why)``, and ``unreadable``, why the file as a whole is not
-    a ground truth (then ``records`` is 0)."""
+    """What :meth:`GroundTruth.audit` found in a store: ``records`` in it, the ``bad``
+    ones as ``(index, why)``, and ``unreadable``, why the file as a whole is not a
+    ground truth (then ``records`` is 0). ``path`` is the JSON file, or a SQL store's
+    location (password masked); ``unit`` names what an index counts: ``"record"`` (a
+    position in the file) or ``"row"`` (a SQL row id)."""
 
-    path: Path
+    path: Path | str
     records: int
     bad: tuple[tuple[int, str], ...] = ()
     unreadable: str | None = None
+    unit: str = "record"
 
     @property
     def ok(self) -> bool:
@@ -67,14 +70,14 @@ class StoreReport:
         """One line per problem."""
         if self.unreadable is not None:
             return [f"not a ground-truth file: {self.unreadable}"]
-        return [f"record {i}: {why}" for i, why in self.bad]
+        return [f"{self.unit} {i}: {why}" for i, why in self.bad]
 
 
 @dataclass(frozen=True)
 class Repair:
     """What :meth:`GroundTruth.repair` did: what it ``found``, the ``kept`` record count,
-    the ``backup`` of the file as it was and, for an unreadable file, where it was
-    ``moved`` (both ``None`` when there was nothing to repair)."""
+    the ``backup`` of the file (or table) as it was and, for an unreadable file, where it
+    was ``moved`` (both ``None`` when there was nothing to repair)."""
 
     found: StoreReport
     kept: int
@@ -93,6 +96,11 @@ class JsonStore:
 
     def __repr__(self) -> str:
         return f"JsonStore({str(self.path)!r})"
+
+    @property
+    def location(self) -> str:
+        """The file, as messages name it."""
+        return str(self.path)
 
     @property
     def lock_path(self) -> Path:
@@ -190,9 +198,7 @@ class JsonStore:
 
     # -- writing -------------------------------------------------------------------
     def _write(self, records: Records, mode: int) -> None:
-        payload = json.dumps({"version": FORMAT_VERSION, "records": records}, indent=1,
-                             allow_nan=False)
-        _write_atomic(self.path, payload.encode(), mode)
+        write_json(self.path, records, mode)
 
     def mutate(self, change: Callable[[Records], Records]) -> None:
         """Replace the records with ``change(records)``, under the exclusive lock; a bad
@@ -327,6 +333,14 @@ def record_problem(rec: Any) -> str | None:
 
 
 # -- files -------------------------------------------------------------------------------
+
+
+def write_json(path: Path, records: Records, mode: int | None = None) -> None:
+    """Write ``records`` to ``path`` in the ground-truth file format (``FORMAT_VERSION``),
+    in one step; ``mode`` defaults to the file's own permissions (see :func:`_mode_for`)."""
+    payload = json.dumps({"version": FORMAT_VERSION, "records": records}, indent=1,
+                         allow_nan=False)
+    _write_atomic(path, payload.encode(), _mode_for(path) if mode is None else mode)
 
 
 def _mode_for(path: Path) -> int:

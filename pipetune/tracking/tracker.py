@@ -141,6 +141,12 @@ class StudyTracker:
             if self._thread_host is not None:
                 self._thread_host.stop(timeout)
 
+    @property
+    def artifact_uri(self) -> str:
+        """The study run's artifact location (``mlflow-artifacts:/...`` on a tracking
+        server with ``--serve-artifacts``)."""
+        return self.client.get_run(self.parent_run_id).info.artifact_uri
+
     # -- trials -----------------------------------------------------------------------
     def _child(self, trial: Trial) -> tuple[str, int]:
         """The sink's key of the trial's child run; the run is created (by the sink)
@@ -244,12 +250,11 @@ class StudyTracker:
         self.close()
 
     def _log_best_model(self, trial: Trial) -> None:
-        import fsspec
+        from pipetune.checkpoints import CheckpointStore
 
         with tempfile.TemporaryDirectory() as tmp:
             local = Path(tmp) / "best_model.pt"
-            with fsspec.open(trial.checkpoint, "rb") as src:
-                local.write_bytes(src.read())
+            local.write_bytes(CheckpointStore.read_bytes(trial.checkpoint))
             meta = Path(tmp) / "best_model.json"
             meta.write_text(json.dumps({
                 "trial_id": trial.trial_id,

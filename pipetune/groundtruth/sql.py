@@ -1,0 +1,398 @@
+"""The ground truth in a SQL database (SQLAlchemy 2): a SQLite file or a PostgreSQL server.
+
+Two tables, created on first use: ``pipetune_groundtruth_records`` (``id``,
+``created_at``, ``record``: one record as JSON text, in insertion order) and
+``pipetune_groundtruth_state``, one row whose ``generation`` every write bumps, so
+:meth:`SqlStore.snapshot` is one small query and the facade refits only when it moves.
+
+Writers are serialised: :meth:`SqlStore.mutate` is one transaction that starts with
+``LOCK TABLE ... IN SHARE ROW EXCLUSIVE MODE`` on PostgreSQL (readers are never
+blocked) and ``BEGIN IMMEDIATE`` on SQLite (SQLAlchemy's pysqlite transaction recipe,
+a busy timeout, WAL journal so readers are not blocked either). Records are validated
+with :func:`~pipetune.groundtruth.store.record_problem` on write and on read; a bad row
+is reported by its row id and :meth:`SqlStore.repair` deletes the bad rows after
+exporting the whole table to a JSON backup file.
+
+The tables and the engines (one per URL per process, ``pool_pre_ping``) are in
+:mod:`pipetune.groundtruth.sqlschema`; the store pickles without its engine. Passwords
+never appear in :attr:`SqlStore.location`, ``repr`` or error messages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shlex
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc
+from sqlalchemy.engine import URL, Connection, Engine
+
+from pipetune.errors import GroundTruthError
+from pipetune.groundtruth.location import mask, sql_url
+from pipetune.groundtruth.sqlschema import (
+    ENGINES,
+    ENGINES_LOCK,
+    READY,
+    WRITE,
+    already_exists,
+    metadata,
+    new_engine,
+    records_table,
+    state_table,
+)
+from pipetune.groundtruth.store import (
+    FORMAT_VERSION,
+    JsonStore,
+    Records,
+    Repair,
+    StoreReport,
+    _mode_for,
+    _write_atomic,
+    record_problem,
+)
+from pipetune.home import pipetune_home
+
+log = logging.getLogger(__name__)
+
+_SCHEMA_LOCK = 0x70697065  # PostgreSQL advisory lock key for creating the schema ("pipe")
+
+
+@dataclass(frozen=True)
+class _Row:
+    id: int
+    text: str
+    record: Any  # the decoded JSON (None when it is not JSON)
+    why: str | None  # what is wrong with it, or None
+
+
+class SqlStore:
+    """The records of one ground truth in the database at ``url``.
+
+    ``legacy``: a JSON ground-truth file imported once, the first time the store is
+    found empty (the default store's predecessor). Pickles without its engine.
+    """
+
+    lock_path = None  # no lock file: the database serialises writers
+    backup_path = None  # each repair writes its own timestamped backup (Repair.backup)
+
+    def __init__(self, url: str | URL, *, legacy: Path | None = None) -> None:
+        self.url = sql_url(url)
+        self.legacy = legacy
+        self._legacy_checked = legacy is None
+        self._engine_obj: Engine | None = None
+        self._engine_key: tuple[int, str] | None = None
+
+    def __repr__(self) -> str:
+        return f"SqlStore({self.location!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_engine_obj"] = state["_engine_key"] = None
+        return state
+
+    @property
+    def location(self) -> str:
+        """The URL, its password (if any) as ``***``: what messages print."""
+        return self.url.render_as_string(hide_password=True)
+
+    @property
+    def path(self) -> Path | None:
+        """The SQLite file, or ``None`` for a database server."""
+        return Path(self.url.database).expanduser() if self.is_sqlite else None
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.url.drivername == "sqlite"
+
+    # -- connections ----------------------------------------------------------------
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        """Database errors as one :class:`GroundTruthError` naming the store (masked)."""
+        try:
+            yield
+        except exc.DBAPIError as err:
+            first = str(err.orig).strip().splitlines()[0] if str(err.orig).strip() else ""
+            raise GroundTruthError(f"{self.location}: database error: "
+                                   f"{self._hide(first or type(err.orig).__name__)}") from None
+        except exc.SQLAlchemyError as err:
+            raise GroundTruthError(f"{self.location}: database error: "
+                                   f"{self._hide(str(err))}") from None
+
+    def _hide(self, text: str) -> str:
+        """``text`` with the password, wherever it appears, as ``***``."""
+        text = mask(re.sub(r"(password\s*=\s*)\S+", r"\1***", text))
+        return text.replace(self.url.password, "***") if self.url.password else text
+
+    def _engine(self) -> Engine:
+        key = (os.getpid(), self.url.render_as_string(hide_password=False))
+        if self._engine_obj is None or self._engine_key != key:  # new, or a forked child
+            with ENGINES_LOCK:
+                engine = ENGINES.get(key)
+                if engine is None:
+                    engine = ENGINES[key] = new_engine(self.url)
+                if key not in READY:
+                    self._create_schema(engine)
+                    READY.add(key)
+            self._engine_obj, self._engine_key = engine, key
+        if not self._legacy_checked:
+            self._legacy_checked = True
+            try:
+                self._import_legacy()
+            except BaseException:
+                self._legacy_checked = False
+                raise
+        return self._engine_obj
+
+    @contextlib.contextmanager
+    def _write_conn(self, engine: Engine, *, lock: bool = True) -> Iterator[Connection]:
+        """One write transaction; the only one at a time on this store when ``lock``."""
+        with engine.connect() as conn:
+            conn.execution_options(**{WRITE: True})
+            with conn.begin():
+                if lock and not self.is_sqlite:  # SQLite: BEGIN IMMEDIATE did it
+                    conn.execute(sa.text(
+                        f"LOCK TABLE {records_table.name} IN SHARE ROW EXCLUSIVE MODE"))
+                yield conn
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[Connection]:
+        with self._errors(), self._write_conn(self._engine()) as conn:
+            yield conn
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[Connection]:
+        with self._errors(), self._engine().connect() as conn:
+            if not self.is_sqlite:  # one snapshot for every statement of the read
+                conn.execution_options(isolation_level="REPEATABLE READ")
+            with conn.begin():
+                yield conn
+
+    def _create_schema(self, engine: Engine) -> None:
+        """The tables and the state row, if missing. Several processes may start at once:
+        SQLite serialises them (BEGIN IMMEDIATE), PostgreSQL with an advisory lock, and a
+        process that still loses the race ("already exists") checks again and goes on."""
+        for attempt in range(5):
+            try:
+                with self._write_conn(engine, lock=False) as conn:
+                    if not self.is_sqlite:
+                        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"),
+                                     {"k": _SCHEMA_LOCK})
+                    metadata.create_all(conn, checkfirst=True)
+                    if conn.execute(sa.select(state_table.c.id)).first() is None:
+                        conn.execute(state_table.insert().values(
+                            id=1, generation=0, store_id=str(uuid.uuid4())))
+                return
+            except exc.DBAPIError as err:
+                if not already_exists(err) or attempt == 4:
+                    with self._errors():
+                        raise
+                log.debug("ground-truth schema created by another process: %s", err.orig)
+
+    # -- reading --------------------------------------------------------------------
+    @staticmethod
+    def _rows(conn: Connection) -> list[_Row]:
+        rows = []
+        for rid, text in conn.execute(
+                sa.select(records_table.c.id, records_table.c.record).order_by(records_table.c.id)):
+            try:
+                rec = json.loads(text)
+            except (ValueError, TypeError, RecursionError) as err:
+                rows.append(_Row(rid, text, None, f"is not valid JSON ({err})"))
+                continue
+            rows.append(_Row(rid, text, rec, record_problem(rec)))
+        return rows
+
+    def _report(self, rows: list[_Row]) -> StoreReport:
+        bad = tuple((r.id, r.why) for r in rows if r.why is not None)
+        return StoreReport(self.location, len(rows), bad, unit="row")
+
+    def _valid(self, rows: list[_Row]) -> Records:
+        found = self._report(rows)
+        if not found.ok:
+            first, *more = found.problems
+            also = f"; and {len(more)} more bad row(s)" if more else ""
+            raise GroundTruthError(
+                f"{self.location}: not a valid ground truth ({first}{also}); run "
+                f"`pipetune groundtruth repair --path {shlex.quote(self.location)}` to keep "
+                "its valid records and drop the rest (the rows were left untouched)")
+        return [r.record for r in rows]
+
+    def read(self) -> Records:
+        """Every record, in the order written, validated; raises :class:`GroundTruthError`
+        naming the first bad row and the repair command."""
+        with self._reading() as conn:
+            return self._valid(self._rows(conn))
+
+    def snapshot(self) -> bytes:
+        """The store's identity and generation: changes with every write, not on reads."""
+        with self._reading() as conn:
+            store_id, generation = conn.execute(
+                sa.select(state_table.c.store_id, state_table.c.generation)).one()
+        return f"{store_id}:{generation}".encode()
+
+    def parse(self, raw: bytes) -> Records:
+        """The records now (``raw``, a :meth:`snapshot`, only keys the caller's cache: a
+        write between the two makes the next snapshot differ, so the cache refreshes)."""
+        return self.read()
+
+    def __len__(self) -> int:
+        return len(self.read())
+
+    def check(self) -> int:
+        """Read and validate the whole store now; return its record count."""
+        return len(self.read())
+
+    def audit(self) -> StoreReport:
+        """Every problem in the store, by row id, without raising for them."""
+        with self._reading() as conn:
+            return self._report(self._rows(conn))
+
+    # -- writing --------------------------------------------------------------------
+    @staticmethod
+    def _encode(rec: Any) -> str:
+        why = record_problem(rec)
+        if why is not None:
+            raise GroundTruthError(f"{why}; not recorded")
+        return json.dumps(rec, allow_nan=False)
+
+    @staticmethod
+    def _bump(conn: Connection) -> None:
+        conn.execute(state_table.update().where(state_table.c.id == 1)
+                     .values(generation=state_table.c.generation + 1))
+
+    def mutate(self, change: Callable[[Records], Records]) -> None:
+        """Replace the records with ``change(records)`` in one transaction that holds off
+        every other writer: rows ``change`` kept (the same objects, in order) stay, the
+        others are deleted, new records are appended. A bad store or a bad new record
+        raises :class:`GroundTruthError` and nothing is written."""
+        with self._writing() as conn:
+            rows = self._rows(conn)
+            before = self._valid(rows)
+            after = change(list(before))
+            if self._apply(conn, rows, after):
+                self._bump(conn)
+
+    def _apply(self, conn: Connection, rows: list[_Row], after: Records) -> bool:
+        """Make the table hold ``after``; whether anything changed."""
+        row_of = {id(r.record): r for r in rows}
+        kept: list[_Row] = []
+        new: list[str] = []
+        updates: list[tuple[int, str]] = []
+        in_order = True
+        for rec in after:
+            row = row_of.pop(id(rec), None)
+            if row is None:
+                new.append(self._encode(rec))
+                continue
+            if new or (kept and row.id < kept[-1].id):
+                in_order = False
+            kept.append(row)
+            text = self._encode(rec)
+            if text != row.text and json.loads(row.text) != rec:  # changed in place
+                updates.append((row.id, text))
+        if not in_order:  # reordered: write them all again, in the new order
+            gone = [r.id for r in rows]
+            new = [self._encode(rec) for rec in after]
+            updates = []
+        else:
+            gone = [r.id for r in row_of.values()]
+        for start in range(0, len(gone), 500):
+            conn.execute(records_table.delete().where(
+                records_table.c.id.in_(gone[start:start + 500])))
+        for rid, text in updates:
+            conn.execute(records_table.update().where(records_table.c.id == rid)
+                         .values(record=text))
+        if new:
+            now = datetime.now(UTC)
+            conn.execute(records_table.insert(),
+                         [{"created_at": now, "record": text} for text in new])
+        return bool(gone or updates or new)
+
+    def clear(self) -> int:
+        """Delete every row, valid or not; returns how many there were."""
+        with self._writing() as conn:
+            removed = conn.execute(sa.select(sa.func.count()).select_from(records_table)).scalar()
+            if removed:
+                conn.execute(records_table.delete())
+                self._bump(conn)
+        return int(removed or 0)
+
+    def repair(self) -> Repair:
+        """Keep the valid rows and delete the bad ones, after exporting the whole table
+        to a JSON backup (beside a SQLite file; in the pipetune home for a server)."""
+        with self._writing() as conn:
+            rows = self._rows(conn)
+            found = self._report(rows)
+            kept = len(rows) - len(found.bad)
+            if found.ok:
+                return Repair(found, kept=kept)
+            backup = self._backup(rows)
+            bad = [rid for rid, _ in found.bad]
+            for start in range(0, len(bad), 500):
+                conn.execute(records_table.delete().where(
+                    records_table.c.id.in_(bad[start:start + 500])))
+            self._bump(conn)
+        return Repair(found, kept=kept, backup=backup)
+
+    def _backup(self, rows: list[_Row]) -> Path:
+        """Every row as it is, in the ground-truth file format (a row that is not JSON as
+        its text), with ``row_ids`` beside ``records``; returns the new file."""
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        if self.is_sqlite:
+            db = self.path
+            base, mode = db.with_name(f"{db.name}.bak-{stamp}"), _mode_for(db)
+        else:
+            name = re.sub(r"[^A-Za-z0-9._-]+", "_",
+                          f"groundtruth-{self.url.host or 'local'}-{self.url.database or ''}")
+            base, mode = pipetune_home() / f"{name}.bak-{stamp}", 0o600
+        path, n = base.with_name(base.name + ".json"), 1
+        while path.exists():
+            path, n = base.with_name(f"{base.name}-{n}.json"), n + 1
+        payload = {"version": FORMAT_VERSION, "source": self.location,
+                   "row_ids": [r.id for r in rows],
+                   "records": [r.text if r.record is None else r.record for r in rows]}
+        _write_atomic(path, json.dumps(payload, indent=1).encode(), mode)
+        return path
+
+    # -- the old JSON store ---------------------------------------------------------
+    def _import_legacy(self) -> None:
+        """Import ``legacy`` once, when this store is empty and has never imported it."""
+        legacy = self.legacy
+        if legacy is None or not legacy.is_file():
+            return
+        with self._reading() as conn:
+            if self._legacy_done(conn):
+                return
+        try:
+            records = JsonStore(legacy).read()
+        except GroundTruthError as err:
+            raise GroundTruthError(
+                f"{err}; it is imported into {self.location} once it is valid") from None
+        with self._writing() as conn:
+            if self._legacy_done(conn):
+                return
+            self._apply(conn, [], records)
+            conn.execute(state_table.update().where(state_table.c.id == 1).values(
+                legacy_import=f"{len(records)} records from {legacy} at "
+                              f"{datetime.now(UTC).isoformat(timespec='seconds')}"))
+            self._bump(conn)
+        log.info("imported %d ground-truth records from %s into %s (the JSON file is no "
+                 "longer read)", len(records), legacy, self.location)
+
+    @staticmethod
+    def _legacy_done(conn: Connection) -> bool:
+        """Whether the legacy file was imported, or the store is in use without it."""
+        done = conn.execute(sa.select(state_table.c.legacy_import)).scalar()
+        if done is not None:
+            return True
+        return conn.execute(sa.select(records_table.c.id).limit(1)).first() is not None
