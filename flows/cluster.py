@@ -257,3 +257,15 @@ def check_cluster_fits(client: Any, spec: Any) -> None:
         raise SystemConfigError(
             e.field, f"{e.message} (the cluster's largest worker advertises {largest} "
             "cores)") from None
+
+
+def prepare_workload(client: Any, spec: Any, dask_address: str | None) -> str:
+    """Before a study's first epoch, make its workload's own module loadable on every
+    worker (built-ins need nothing): the embedded cluster's workers get this process's
+    folders on their path (a plugin, so workers that start later get them too); a
+    cluster at ``dask_address`` is shipped the module. A worker that still cannot load
+    it fails the study now, with what to install where (:mod:`pipetune.backends._ship`)."""
+    from pipetune.backends._ship import prepare_workers
+
+    return prepare_workers(client, spec.workload.name, ship=bool(dask_address),
+                           where=dask_address or "the embedded cluster")

@@ -26,6 +26,7 @@ from flows.cluster import (
     client_for,
     cluster_core_budget,
     ensure_worker_groups,
+    prepare_workload,
     process_knob_values,
 )
 from flows.params import CoreBudget, JobArgument, TrialsOverride
@@ -132,6 +133,7 @@ def study_flow(
         check_scheduler_address(dask_address, field="dask_address")
     client = client_for(dask_address)
     check_cluster_fits(client, spec)
+    prepare_workload(client, spec, dask_address)  # its own module, on every worker
     if not resume:
         journal = StudyJournal(studies_root(), study_id).create(
             job=spec.to_dict(), job_name=spec.name, tracking_uri=tracking_uri,
@@ -227,6 +229,7 @@ def study_flow(
         "best_system": summary.best_system.label() if summary.best_system else None,
         "energy_source": summary.energy_source,
         **{k: v for k, v in extra.items() if k.startswith("orchestration_")},
+        "checkpoints_pruned": int(extra.get("checkpoints_pruned", 0)),
         "epoch_timings": timings,
         "trials_table": [
             {"trial": t.trial_id, "outcome": t.state, "epochs": t.epochs_run,

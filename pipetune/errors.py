@@ -27,6 +27,31 @@ class SpecError(PipetuneError):
         return (type(self), (self.field, self.message))
 
 
+class WorkloadParamError(SpecError):
+    """Raise it from your workload's constructor when one of its params is wrong.
+
+    ``field`` is the param's name under ``workload.params`` (``width``, or a dotted path
+    into a nested one: ``layers.0.width``); ``message`` says what is allowed. Validation
+    (``pipetune validate``, ``tune``, ...) reports it as one line and exits 2::
+
+        raise WorkloadParamError("width", "must be > 0")
+        # error: job.yaml: workload.params.width: must be > 0
+
+    It is a :class:`SpecError` whose ``field`` is the full dotted path
+    (``workload.params.width``); ``param`` keeps the name as given.
+    """
+
+    PREFIX = "workload.params."
+
+    def __init__(self, field: str, message: str):
+        self.param = str(field).removeprefix(self.PREFIX)
+        super().__init__(f"{self.PREFIX}{self.param}" if self.param else "workload.params",
+                         message)
+
+    def __reduce__(self):
+        return (type(self), (self.param, self.message))
+
+
 class SystemConfigError(SpecError):
     """A system knob value this machine cannot honour, or that is malformed."""
 

@@ -12,7 +12,8 @@ HOME_ENV = "PIPETUNE_HOME"
 def pipetune_home() -> Path:
     """The folder named by ``$PIPETUNE_HOME``, else ``~/.pipetune``; created on demand.
 
-    It holds the ground truth (``groundtruth.json``) unless a job names another store.
+    It holds the ground truth (``groundtruth.db``) unless ``$PIPETUNE_GROUNDTRUTH`` or a
+    study names another store.
     """
     raw = os.environ.get(HOME_ENV, "").strip()
     home = Path(raw).expanduser() if raw else Path.home() / ".pipetune"

@@ -114,9 +114,10 @@ TIMELINE_MAX_TRIALS = 60
 
 
 def timeline_figure(study: Study) -> Figure:
-    """Trials by wall-clock time, one bar per epoch coloured by phase and labelled
-    with its system config. Past :data:`TIMELINE_MAX_TRIALS` trials, the ones that
-    ran the most epochs are drawn (the title says how many of how many)."""
+    """Trials by wall-clock time, one bar per epoch coloured by phase and, where the
+    text fits inside the bar, labelled with its epoch and system config. Past
+    :data:`TIMELINE_MAX_TRIALS` trials, the ones that ran the most epochs are drawn (the
+    title says how many of how many)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -132,13 +133,14 @@ def timeline_figure(study: Study) -> Figure:
     t0 = min(starts) if starts else 0.0
     fig = Figure(figsize=(11, 0.6 * max(len(trials), 2) + 1.5))
     ax = fig.add_subplot(1, 1, 1)
+    labels: list[tuple[Any, str]] = []
     for row, t in enumerate(trials):
         for r in t.results:
             left, width = r.started - t0, max(r.finished - r.started, 1e-3)
-            ax.barh(row, width, left=left, height=0.6,
-                    color=PHASE_COLOURS[r.phase.value], edgecolor="black", linewidth=0.4)
-            ax.text(left + width / 2, row, f"e{r.epoch}\n{r.system.label()}",
-                    ha="center", va="center", fontsize=5.5)
+            (bar,) = ax.barh(row, width, left=left, height=BAR_HEIGHT,
+                             color=PHASE_COLOURS[r.phase.value], edgecolor="black",
+                             linewidth=0.4)
+            labels.append((bar, f"e{r.epoch}\n{r.system.label()}"))
         if t.state == TrialState.FAILED:
             ax.text(0, row + 0.35, "failed", fontsize=6, color="red")
     ax.set_yticks(range(len(trials)), [f"trial {t.trial_id} ({t.state})" for t in trials])
@@ -150,7 +152,37 @@ def timeline_figure(study: Study) -> Figure:
     ax.legend(handles=[Patch(color=c, label=p) for p, c in PHASE_COLOURS.items()],
               loc="lower right", fontsize=7)
     fig.tight_layout()
+    _label_bars(fig, ax, labels)
     return fig
+
+
+#: Bar height in rows; the room (points) a label keeps from its bar's edges; the width
+#: (points) under which a bar loses its outline, which would hide its colour.
+BAR_HEIGHT = 0.6
+LABEL_MARGIN_PT = 1.5
+OUTLINE_MIN_PT = 3.0
+
+
+def _label_bars(fig: Figure, ax: Any, labels: list[tuple[Any, str]]) -> None:
+    """Write each bar's label inside it when the text, as the renderer measures it,
+    fits in the bar as drawn; leave a bar too narrow (or too short) unlabelled, its
+    colour still saying the phase. Called once the layout is final."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    renderer = canvas.get_renderer()
+    ax.get_xlim()  # settles the autoscaled view limits that transData maps through
+    points = fig.dpi / 72
+    for bar, text in labels:
+        box = bar.get_window_extent(renderer)
+        if box.width < OUTLINE_MIN_PT * points:
+            bar.set_linewidth(0)
+        label = ax.text(bar.get_x() + bar.get_width() / 2, bar.get_y() + bar.get_height() / 2,
+                        text, ha="center", va="center", fontsize=5.5)
+        extent = label.get_window_extent(renderer)
+        room = 2 * LABEL_MARGIN_PT * points
+        if extent.width + room > box.width or extent.height + room > box.height:
+            label.remove()
 
 
 def orchestration_overhead(study: Study) -> list[dict[str, float]]:

@@ -14,6 +14,8 @@ import socket
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +47,8 @@ class EpochTask:
     cpus: tuple[int, ...] = ()
     #: Seconds the epoch may run once sent to its worker (``workload.epoch_timeout_s``).
     timeout_s: float | None = None
+    #: Train and evaluate with torch's deterministic algorithms (``workload.deterministic``).
+    deterministic: bool = False
 
     @property
     def name(self) -> str:
@@ -85,6 +89,8 @@ class EpochResult:
     #: The config as the worker process really ran it, read back inside the epoch
     #: (torch threads, OpenMP wait policy, cores its threads could use).
     actual: dict[str, Any] = field(default_factory=dict)
+    #: ``torch.__version__`` of the process that ran the epoch.
+    torch_version: str = ""
 
     def cost(self, objective: str) -> float:
         return self.measurement.cost(objective)
@@ -182,7 +188,8 @@ def run_epoch(task: EpochTask, live: LiveTrials | None = None, address: str = ""
         device=task.system.device,
     )
     setup_done = time.time()
-    with applied_system_config(task.system, task.cpus) as applied:
+    with deterministic_algorithms(task.deterministic, task.system.device), \
+            applied_system_config(task.system, task.cpus) as applied:
         # The operator mix is sampled in the profiled epoch only: it is what the ground
         # truth matches on, and later epochs keep the cheap counters.
         stats, measurement = profiler.measure(
@@ -220,7 +227,54 @@ def run_epoch(task: EpochTask, live: LiveTrials | None = None, address: str = ""
         reused_model=reused,
         address=address,
         actual=dict(applied.actual),
+        torch_version=_torch_version(),
     )
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
+_DETERMINISTIC_LOCK = threading.Lock()
+#: Epochs inside :func:`deterministic_algorithms` in this process, and what was set before
+#: the first of them (the switch is process-wide; the last one out restores it).
+_deterministic_users = 0
+_deterministic_before: tuple[bool, bool, bool] = (False, False, False)
+
+
+@contextmanager
+def deterministic_algorithms(enabled: bool, device: str = "cpu") -> Iterator[None]:
+    """Within the block, torch's deterministic algorithms when ``enabled`` (and on CUDA
+    ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` unless the process has its own value); after
+    it, the process's previous setting and environment. Off: nothing is touched."""
+    global _deterministic_users, _deterministic_before
+    if not enabled:
+        yield
+        return
+    import torch
+
+    with _DETERMINISTIC_LOCK:
+        if _deterministic_users == 0:
+            _deterministic_before = (torch.are_deterministic_algorithms_enabled(),
+                                     torch.is_deterministic_algorithms_warn_only_enabled(),
+                                     False)
+        if device.startswith("cuda") and "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+            _deterministic_before = (*_deterministic_before[:2], True)
+        torch.use_deterministic_algorithms(True)
+        _deterministic_users += 1
+    try:
+        yield
+    finally:
+        with _DETERMINISTIC_LOCK:
+            _deterministic_users -= 1
+            if _deterministic_users == 0:
+                enabled_before, warn_only, set_cublas = _deterministic_before
+                torch.use_deterministic_algorithms(enabled_before, warn_only=warn_only)
+                if set_cublas:
+                    os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
 
 
 def evaluate_checkpoint(task: EpochTask, checkpoint: str) -> dict[str, float]:
@@ -232,5 +286,6 @@ def evaluate_checkpoint(task: EpochTask, checkpoint: str) -> dict[str, float]:
     workload = resolve_workload(task.workload)(**task.workload_params)
     workload.setup(task.hparams, task.seed)
     CheckpointStore.load(workload, checkpoint)
-    with applied_system_config(task.system) as applied:
+    with deterministic_algorithms(task.deterministic, task.system.device), \
+            applied_system_config(task.system) as applied:
         return {k: float(v) for k, v in workload.evaluate(applied).items()}

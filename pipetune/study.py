@@ -168,6 +168,7 @@ class Study:
             checkpoint_out=self.checkpoints.ref(self.study_id, trial.trial_id, epoch),
             profiler=self.spec.profiler,
             timeout_s=self.spec.workload.epoch_timeout_s,
+            deterministic=self.spec.workload.deterministic,
         )
 
     def final_task(self, trial: Trial) -> EpochTask:

@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from team import skip_without_postgres
 
 
 class PostgresServer:
@@ -57,13 +58,7 @@ class PostgresServer:
 @pytest.fixture(scope="session")
 def postgres_server():
     """A PostgreSQL server for the whole session (skipped where there is none)."""
-    from pipetune.errors import PipetuneError
-    from pipetune.stack.postgres import find_binary
-
-    try:
-        find_binary("initdb")
-    except PipetuneError as e:
-        pytest.skip(str(e))
+    skip_without_postgres()
     server = PostgresServer()
     try:
         server.start()

@@ -21,6 +21,7 @@ SAMPLES = {
     "SystemConfigError": lambda c: c("system.cores", "must be <= 2"),
     "ConfinementError": lambda c: c("checkpoint_root", "is outside the allowed roots"),
     "WorkloadError": lambda c: c("workload broke"),
+    "WorkloadParamError": lambda c: c("width", "must be > 0"),
     "DatasetError": lambda c: c("file missing"),
     "GroundTruthError": lambda c: c("store corrupt"),
     "StorageError": lambda c: c("PUT http://h/x.pt: HTTP 503"),
@@ -59,5 +60,7 @@ def test_round_trips(name):
     assert vars(back) == vars(exc)  # field, message, signum ... kept
     if isinstance(exc, SpecError):
         assert back.field == exc.field
+    if name == "WorkloadParamError":
+        assert (back.field, back.param) == ("workload.params.width", "width")
     if isinstance(exc, Stopped):
         assert back.signum == signal.SIGTERM

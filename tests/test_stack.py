@@ -7,26 +7,17 @@ them (a fixture runs ``stack down`` even when the test fails).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import stat
-import subprocess
-import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from team import run_stack, skip_without_postgres, stack_folder
 
 from pipetune.cli import main
-from pipetune.errors import PipetuneError
-
-
-def _stack(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipetune", "stack", *args],
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def _gone(pid: int) -> bool:
@@ -52,32 +43,15 @@ def _get(url: str) -> int:
 def stack_dir():
     """A fresh stack folder; whatever happens, the stack in it is stopped and its data
     removed at the end."""
-    from pipetune.stack.postgres import find_binary
-
-    try:
-        find_binary("initdb")
-    except PipetuneError as e:
-        pytest.skip(str(e))
-    if importlib.util.find_spec("psycopg") is None:
-        pytest.skip("MLflow on PostgreSQL needs psycopg: pip install 'psycopg[binary]>=3.2'")
-    directory = Path(tempfile.mkdtemp(prefix="pipetune-stack-")) / "stack"
-    try:
+    skip_without_postgres(psycopg=True)
+    with stack_folder("pipetune-stack-") as directory:
         yield directory
-    finally:
-        if directory.exists():
-            _stack("down", "--dir", str(directory), "--grace", "5", timeout=180)
-            from pipetune.stack import Postgres
-
-            Postgres(directory / "postgres").remove()
-        import shutil
-
-        shutil.rmtree(directory.parent, ignore_errors=True)
 
 
 @pytest.mark.slow
 def test_stack_up_serves_every_component_and_down_stops_them(stack_dir):
     t0 = time.monotonic()
-    up = _stack("up", "--dir", str(stack_dir), "--workers", "2")
+    up = run_stack("up", "--dir", str(stack_dir), "--workers", "2")
     up_s = time.monotonic() - t0
     assert up.returncode == 0, f"stack up failed:\n{up.stdout}\n{up.stderr}"
 
@@ -150,13 +124,13 @@ def test_stack_up_serves_every_component_and_down_stops_them(stack_dir):
         assert cwd == home
 
     # A second `up` on the same folder is refused; status and env read the stack.
-    again = _stack("up", "--dir", str(stack_dir))
+    again = run_stack("up", "--dir", str(stack_dir))
     assert again.returncode == 2
     assert "already running" in again.stderr
-    st = _stack("status", "--dir", str(stack_dir))
+    st = run_stack("status", "--dir", str(stack_dir))
     assert st.returncode == 0, st.stdout + st.stderr
     assert st.stdout.count("alive") == 7
-    printed = _stack("env", "--dir", str(stack_dir))
+    printed = run_stack("env", "--dir", str(stack_dir))
     assert printed.returncode == 0
     assert printed.stdout.splitlines() == [f"export {k}={v}" for k, v in env.items()]
     assert "export PIPETUNE_CHECKPOINTS=mlflow" in printed.stdout.splitlines()
@@ -164,7 +138,7 @@ def test_stack_up_serves_every_component_and_down_stops_them(stack_dir):
     # Down: every process is gone within 20 s.
     pids = [c["pid"] for c in state["components"]]
     t0 = time.monotonic()
-    down = _stack("down", "--dir", str(stack_dir), timeout=120)
+    down = run_stack("down", "--dir", str(stack_dir), timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
     deadline = time.monotonic() + 20
     while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
@@ -172,7 +146,7 @@ def test_stack_up_serves_every_component_and_down_stops_them(stack_dir):
     down_s = time.monotonic() - t0
     assert [p for p in pids if not _gone(p)] == []
     assert json.loads(state_file.read_text())["state"] == "stopped"
-    st = _stack("status", "--dir", str(stack_dir))
+    st = run_stack("status", "--dir", str(stack_dir))
     assert st.returncode == 1 and "alive" not in st.stdout
     print(f"\nstack up {up_s:.1f} s (startup_s {state['startup_s']}), down {down_s:.1f} s")
 

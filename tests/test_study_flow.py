@@ -159,11 +159,23 @@ def test_prefect_shows_each_trial_as_a_chain_of_tasks(cold):
     assert others[0].state.is_completed()
 
 
-def test_checkpoints_exist_for_every_epoch(cold, store):
+def test_an_ended_trial_keeps_its_last_and_best_checkpoints(cold, store):
+    """Every epoch wrote one; when the trial ended, the pruning policy (best-and-last)
+    deleted all but its last and the epoch best by the objective."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(store["tracking_uri"])
     root = Path(store["checkpoints"]) / cold["study_id"]
-    for trial in range(3):
-        files = sorted(p.name for p in (root / f"trial-{trial:03d}").glob("*.pt"))
-        assert files == ["epoch-001.pt", "epoch-002.pt", "epoch-003.pt"]
+    pruned = 0
+    for run in children(client, cold):
+        trial = int(run.data.tags["pipetune.trial_id"])
+        history = client.get_metric_history(run.info.run_id, "accuracy")
+        best = max(history, key=lambda m: (m.value, -m.step)).step  # first of the best
+        kept = {f"epoch-{e:03d}.pt" for e in (best, 3)}
+        files = {p.name for p in (root / f"trial-{trial:03d}").glob("*.pt")}
+        assert files == kept, (trial, [(m.step, m.value) for m in history])
+        pruned += 3 - len(files)
+    assert pruned == cold["checkpoints_pruned"] >= 1
 
 
 def test_second_run_of_the_same_job_hits_the_ground_truth(cold, cluster, store):

@@ -21,17 +21,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 from known import synthetic_job
-from test_stack import _stack
+from team import run_stack, skip_without_postgres, stack_folder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,27 +39,14 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def stack():
     """A running stack of two Dask workers: its state (``stack.json``)."""
-    from pipetune.errors import PipetuneError
-    from pipetune.stack.postgres import find_binary
-
-    try:
-        find_binary("initdb")
-    except PipetuneError as e:
-        pytest.skip(str(e))
-    directory = Path(tempfile.mkdtemp(prefix="pipetune-team-")) / "stack"
-    try:
+    skip_without_postgres(psycopg=True)
+    with stack_folder("pipetune-team-") as directory:
         started = time.monotonic()
-        up = _stack("up", "--dir", str(directory), "--workers", "2")
+        up = run_stack("up", "--dir", str(directory), "--workers", "2")
         assert up.returncode == 0, f"stack up failed:\n{up.stdout}\n{up.stderr}"
         state = json.loads((directory / "stack.json").read_text())
         state["up_wall_s"] = time.monotonic() - started
         yield state
-    finally:
-        _stack("down", "--dir", str(directory), "--grace", "5", timeout=180)
-        from pipetune.stack import Postgres
-
-        Postgres(directory / "postgres").remove()
-        shutil.rmtree(directory.parent, ignore_errors=True)
 
 
 def _user_env(state: dict, home: Path) -> dict[str, str]:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pipetune.errors import SpecError
+from pipetune.modules import make_job_importable
 from pipetune.spec import JobSpec, read_job_file
 from pipetune.system.config import MachineInfo
 
@@ -59,6 +60,7 @@ def load_bench_job(
     then ``bench.datasets``)."""
     path = Path(path)
     data = read_job_file(path)
+    make_job_importable(path, data)  # a workload module beside the job file
     bench = data.pop("bench", None) or {}
     if not isinstance(bench, dict):
         raise SpecError("bench", "must be a mapping with datasets, fallback, quick")

@@ -166,8 +166,9 @@ def _add_stream(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tracking-uri", default=None,
                    help="MLflow store every job writes to (default: sqlite:///./mlflow.db)")
     p.add_argument("--groundtruth", default=None,
-                   help="ground-truth file every job shares (default: the worker's "
-                   "$PIPETUNE_HOME/groundtruth.json)")
+                   help="ground truth every job shares, a file or sqlite:// or postgresql:// "
+                   "URL (default: the worker's $PIPETUNE_GROUNDTRUTH, else "
+                   "$PIPETUNE_HOME/groundtruth.db)")
     p.add_argument("--timeout", type=float, default=None,
                    help="give up waiting after this many seconds")
     p.set_defaults(run=run_stream)

@@ -238,6 +238,7 @@ class _LiveDisplay:
         self.metric = metric
         self._live = None
         self._last = 0.0
+        self._shown = False
 
     def __enter__(self):
         from rich.console import Console
@@ -251,6 +252,11 @@ class _LiveDisplay:
     def __exit__(self, *exc):
         if self._live is not None:
             self._live.__exit__(*exc)
+            if self._shown and not self._live.console.is_terminal:
+                # Into a log (not a terminal) rich prints the last table without ending
+                # its last line: end it, as rich does on a terminal, so what is printed
+                # next (the final table's title) starts on a line of its own.
+                self._live.console.line()
 
     def update(self, study) -> None:
         if self._live is None:
@@ -273,6 +279,7 @@ class _LiveDisplay:
                 f"{value:.4f}" if value is not None else "-",
             )
         self._live.update(table)
+        self._shown = True
 
 
 def _print_summary(summary: dict, metric: str, api_url: str, server) -> None:

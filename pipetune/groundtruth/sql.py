@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import re
-import shlex
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -58,6 +57,7 @@ from pipetune.groundtruth.store import (
     StoreReport,
     _mode_for,
     _write_atomic,
+    invalid_store,
     record_problem,
 )
 from pipetune.home import pipetune_home
@@ -219,12 +219,7 @@ class SqlStore:
     def _valid(self, rows: list[_Row]) -> Records:
         found = self._report(rows)
         if not found.ok:
-            first, *more = found.problems
-            also = f"; and {len(more)} more bad row(s)" if more else ""
-            raise GroundTruthError(
-                f"{self.location}: not a valid ground truth ({first}{also}); run "
-                f"`pipetune groundtruth repair --path {shlex.quote(self.location)}` to keep "
-                "its valid records and drop the rest (the rows were left untouched)")
+            raise invalid_store(found, self.location, "ground truth", "rows")
         return [r.record for r in rows]
 
     def read(self) -> Records:

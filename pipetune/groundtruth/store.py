@@ -176,13 +176,7 @@ class JsonStore:
         naming the file and the repair command when any of it is not valid."""
         found, records = self._report(raw)
         if not found.ok:
-            first, *more = found.problems
-            also = f"; and {len(more)} more bad record(s)" if more else ""
-            raise GroundTruthError(
-                f"{self.path}: not a valid ground-truth file ({first}{also}); run "
-                f"`pipetune groundtruth repair --path {shlex.quote(str(self.path))}` to keep "
-                "its valid records and drop the rest (the file was left untouched)"
-            )
+            raise invalid_store(found, str(self.path), "ground-truth file", "file")
         return records
 
     def __len__(self) -> int:
@@ -246,6 +240,19 @@ class JsonStore:
             aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{n}")
             n += 1
         return aside
+
+
+def invalid_store(found: StoreReport, location: str, what: str, kind: str) -> GroundTruthError:
+    """The error for a store whose audit ``found`` problems: the first, how many more,
+    and the repair command. ``what`` the store is (``ground-truth file``), ``kind``
+    what was left untouched (``file``, ``rows``)."""
+    first, *more = found.problems
+    also = f"; and {len(more)} more bad {found.unit}(s)" if more else ""
+    return GroundTruthError(
+        f"{location}: not a valid {what} ({first}{also}); run "
+        f"`pipetune groundtruth repair --path {shlex.quote(location)}` to keep its valid "
+        f"records and drop the rest (the {kind} was left untouched)"
+    )
 
 
 def capped(records: Records, max_records_per_group: int, min_bound: float) -> Records:

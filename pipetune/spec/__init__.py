@@ -9,6 +9,9 @@ Every error a user can cause is a :class:`~pipetune.errors.SpecError` whose ``fi
 is the dotted path (``search.trials``) and whose message says what is allowed.
 Checks that need the world: the workload name must resolve (and its ``metrics`` hold
 ``objective.metric``), and every system config must be one this machine can honour.
+The workload is built once from ``workload.params``: its
+:class:`~pipetune.errors.WorkloadParamError` reads ``workload.params.<field>: ...``,
+any other exception it raises one line under ``workload`` naming it.
 
 The parts, each with its own reason to change:
 
@@ -30,6 +33,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, model_validator
 
 from pipetune.errors import SpecError, WorkloadError
+from pipetune.modules import make_job_importable, one_line
 from pipetune.space import Choice, Distribution, IntUniform
 from pipetune.spec.document import (
     MAX_FILE_BYTES,
@@ -156,12 +160,17 @@ def _check_workload_params(workload_cls: type, spec: JobSpec) -> None:
     and, where the class lists its hyperparameters, check the space's names."""
     try:
         workload_cls(**spec.workload.params)
-    except SpecError:
+    except SpecError:  # a WorkloadParamError among them: workload.params.<field>
         raise
     except WorkloadError as e:
         raise SpecError("workload.params", str(e)) from None
     except TypeError as e:
-        raise SpecError("workload.params", f"{e} ({workload_cls.__name__})") from None
+        raise SpecError("workload.params", f"{one_line(e)} ({workload_cls.__name__})") from None
+    except Exception as e:  # noqa: BLE001 - the workload's own code: one line, no traceback
+        # (pydantic would wrap a ValueError raised here with the whole job as its input)
+        raise SpecError(
+            "workload", f"{spec.workload.name} failed to build from workload.params: "
+            f"{one_line(e)}") from None
     check_system_hyperparameters(spec)
     known = getattr(workload_cls, "hparam_specs", None)
     if isinstance(known, Mapping) and known:
@@ -176,7 +185,13 @@ def _check_workload_params(workload_cls: type, spec: JobSpec) -> None:
             coerce = getattr(known[name], "coerce", None)
             if coerce is not None:  # every value the search can draw is one it accepts
                 for value in _extremes(dist):
-                    coerce(f"hyperparameters.{name}", value)
+                    try:
+                        coerce(f"hyperparameters.{name}", value)
+                    except SpecError:
+                        raise
+                    except Exception as e:  # noqa: BLE001 - a workload's own check
+                        raise SpecError(f"hyperparameters.{name}",
+                                        f"{value!r} refused: {one_line(e)}") from None
 
 
 def _extremes(dist: Distribution) -> list[Any]:
@@ -209,8 +224,14 @@ def spec_error_from_validation(
 def load_spec(path: str | Path, machine: MachineInfo | None = None) -> JobSpec:
     """Read and validate a job file: :func:`read_job_file`, then
     :meth:`JobSpec.from_dict`. Errors are :class:`SpecError` (a YAML syntax error names
-    its line)."""
-    return JobSpec.from_dict(read_job_file(path), machine=machine)
+    its line).
+
+    A job naming its own workload module (``mymod:MyWorkload``) finds it in the job
+    file's folder or the working folder (:func:`pipetune.modules.make_job_importable`).
+    """
+    data = read_job_file(path)
+    make_job_importable(path, data)  # its own workload module may sit beside it
+    return JobSpec.from_dict(data, machine=machine)
 
 
 __all__ = [

@@ -32,6 +32,9 @@ _WORDS = {
     "list_type": "a list",
 }
 
+#: Errors a validator raised itself (pydantic wraps a ValueError or an assert in them).
+_RAISED = ("value_error", "assertion_error")
+
 
 def short(value: Any, limit: int = 80) -> str:
     """``repr(value)``, cut at ``limit`` characters with the type named after the cut."""
@@ -74,5 +77,9 @@ def describe(error: Mapping[str, Any], root: type[BaseModel]) -> str:
         return f"must not be empty{got}"
     if kind in _WORDS:
         return f"must be {_WORDS[kind]}{got}"
+    if not error.get("loc"):  # about the whole job: its input is the whole job, not shown
+        got = ""
+    if kind in _RAISED and ctx.get("error") is not None:  # a validator's own words
+        return f"{' '.join(str(ctx['error']).split())}{got}"
     msg = str(error.get("msg", "invalid"))
     return f"{msg[:1].lower()}{msg[1:]}{got}"

@@ -129,6 +129,17 @@ class WorkloadSpec(_Section):
     #: Seconds one epoch may run on its worker before its trial fails (a hung data
     #: loader must not stall the study and the queue behind it).
     epoch_timeout_s: float = Field(DEFAULT_EPOCH_TIMEOUT_S, gt=0, le=7 * 86400)
+    #: Train and evaluate every epoch with torch's deterministic algorithms
+    #: (``torch.use_deterministic_algorithms(True)``; on CUDA also
+    #: ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` unless the worker has its own, which torch
+    #: reads once per process: give CUDA workers it at start for it to hold from their
+    #: first epoch). The previous setting is restored after the epoch. An op with no
+    #: deterministic implementation raises, failing its trial. Cost on CPU: none
+    #: measurable (LeNet-5 on the bundled digits, 5 epochs, with/without: 0.99 to 1.01,
+    #: ``benchmarks/deterministic.py``). On CUDA it rules out the nondeterministic cuDNN
+    #: convolution algorithms and atomic-add kernels (scatter, index_add backward), so
+    #: epochs there can be slower; measure with ``--device cuda``.
+    deterministic: bool = False
 
     @field_validator("params")
     @classmethod

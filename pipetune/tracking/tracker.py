@@ -245,28 +245,23 @@ class StudyTracker:
         plt.close(fig)
         best = study.best_trial()
         if best is not None and best.checkpoint is not None:
-            self._log_best_model(best)
+            self._log_best_model(study, best)
         self.client.set_terminated(self.parent_run_id, status="FINISHED")
         self.close()
 
-    def _log_best_model(self, trial: Trial) -> None:
+    def _log_best_model(self, study: Study, trial: Trial) -> None:
+        """``best_model/``: the checkpoint, ``best_model.json`` (what it is and how it
+        was made, see :mod:`pipetune.tracking.best_model`) and ``load_best_model.py``."""
         from pipetune.checkpoints import CheckpointStore
+        from pipetune.tracking.best_model import CHECKPOINT_FILE, best_model_record
 
+        record = best_model_record(study, trial)
         with tempfile.TemporaryDirectory() as tmp:
-            local = Path(tmp) / "best_model.pt"
-            local.write_bytes(CheckpointStore.read_bytes(trial.checkpoint))
-            meta = Path(tmp) / "best_model.json"
-            meta.write_text(json.dumps({
-                "trial_id": trial.trial_id,
-                "params": trial.params,
-                "workload": self.spec.workload.name,
-                "workload_params": self.spec.workload.params,
-                "system": trial.final_system.to_dict() if trial.final_system else None,
-                "checkpoint": trial.checkpoint,
-                "load_with": "Workload.setup(params, seed), then Workload.load(path)",
-            }, indent=2, default=str))
-            self.client.log_artifact(self.parent_run_id, str(local), "best_model")
-            self.client.log_artifact(self.parent_run_id, str(meta), "best_model")
+            folder = Path(tmp)
+            (folder / CHECKPOINT_FILE).write_bytes(CheckpointStore.read_bytes(trial.checkpoint))
+            (folder / "best_model.json").write_text(json.dumps(record, indent=2, default=str))
+            (folder / "load_best_model.py").write_text(record["load_recipe"])
+            self.client.log_artifacts(self.parent_run_id, tmp, "best_model")
 
     def fail(self, *, timeout: float | None = 120.0, status: str = "FAILED") -> None:
         """End the study as failed: still-running child runs KILLED, the parent

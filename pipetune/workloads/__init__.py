@@ -15,6 +15,7 @@ from typing import Any
 
 from pipetune import confine
 from pipetune.errors import WorkloadError
+from pipetune.modules import added_folders, one_line
 from pipetune.workloads._base import StepHook, TrainStats, Workload
 
 #: Built-in workload names -> import paths of their classes.
@@ -24,17 +25,34 @@ BUILTIN_WORKLOADS: dict[str, str] = {
     "synthetic": "pipetune.workloads.synthetic:SyntheticWorkload",
 }
 
-_LAZY_CLASSES = {path.rsplit(":", 1)[1]: path for path in BUILTIN_WORKLOADS.values()}
+_LAZY_CLASSES = {
+    **{path.rsplit(":", 1)[1]: path for path in BUILTIN_WORKLOADS.values()},
+    # The API for your own workloads (README "Your own model").
+    "ClassifierData": "pipetune.workloads._classifier:ClassifierData",
+    "HParam": "pipetune.workloads._classifier:HParam",
+    "TorchClassifierWorkload": "pipetune.workloads._classifier:TorchClassifierWorkload",
+    "TorchWorkload": "pipetune.workloads._function:TorchWorkload",
+    "accuracy": "pipetune.workloads._function:accuracy",
+    "cross_entropy": "pipetune.workloads._function:cross_entropy",
+    "torch_workload": "pipetune.workloads._function:torch_workload",
+}
 
 __all__ = [
     "BUILTIN_WORKLOADS",
+    "ClassifierData",
+    "HParam",
     "LeNet5Workload",
     "StepHook",
     "SyntheticWorkload",
     "TextCNNWorkload",
+    "TorchClassifierWorkload",
+    "TorchWorkload",
     "TrainStats",
     "Workload",
+    "accuracy",
+    "cross_entropy",
     "resolve_workload",
+    "torch_workload",
 ]
 
 
@@ -49,7 +67,8 @@ def _import_path(path: str, label: str) -> Any:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - any failure while importing user code
         raise WorkloadError(
-            f"workload {label!r}: cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
+            f"workload {label!r}: cannot import module {module_name!r}: {one_line(exc)}"
+            f"{_where_looked(module_name, exc)}"
         ) from exc
     obj: Any = module
     for part in attr.split("."):
@@ -60,6 +79,18 @@ def _import_path(path: str, label: str) -> Any:
                 f"workload {label!r}: module {module_name!r} has no attribute {attr!r}"
             ) from None
     return obj
+
+
+def _where_looked(module_name: str, exc: Exception) -> str:
+    """Where a job's own module was looked for, when it is the one not found."""
+    if not (isinstance(exc, ModuleNotFoundError)
+            and exc.name in (module_name, module_name.split(".", 1)[0])):
+        return ""
+    folders = added_folders()  # none: not a job file's driver (a worker, a dict)
+    if not folders:
+        return ""
+    return (f"; pipetune looks in the job file's folder and the working folder "
+            f"({', '.join(folders)}), then on PYTHONPATH and the installed packages")
 
 
 def resolve_workload(name: str) -> type[Workload]:

@@ -137,10 +137,40 @@ def seeded_dropout(x: torch.Tensor, p: float, generator: torch.Generator | None)
 class TorchClassifierWorkload(Workload):
     """A :class:`Workload` for a torch classifier; subclasses fill in the hooks.
 
-    Subclasses set ``hparam_specs`` and ``param_defaults`` and implement
-    ``_load_data`` (cached per process), ``_build_model`` and ``_build_optimizer``.
+    Public: import it from :mod:`pipetune.workloads`. It owns the training loop
+    (mini-batches of ``batch_size``, cross-entropy, the system config applied through
+    the :class:`~pipetune.system.apply.AppliedConfig`: device, data-loader workers,
+    autocast, loss scaling, memory format), seeding (see the module doc),
+    evaluation (``accuracy`` and ``val_loss``), ``predict`` and checkpoints (model,
+    optimiser, epoch, RNG and loss-scaler state). A subclass supplies:
+
+    - ``name``: shown in messages; ``metrics`` if it changes ``evaluate``;
+    - ``hparam_specs``: hyperparameter name -> :class:`HParam` (default, type,
+      range); it must include ``batch_size``. A job tuning another name, or a range
+      reaching outside one, is refused at validation; ``setup`` fills the defaults
+      and ``self.hparams`` holds the values;
+    - ``param_defaults``: ``workload.params`` name -> default; ``self.settings``
+      holds them merged with the job's;
+    - ``_check_params()`` (optional): check ``self.settings`` and raise
+      :class:`~pipetune.errors.WorkloadParamError` (a :class:`SpecError`) naming the
+      param, e.g. ``WorkloadParamError("train_samples", "must be >= 1")``;
+    - ``_load_data()``: a :class:`ClassifierData`, cached per process (an
+      ``functools.lru_cache`` on a module-level loader keyed by the settings), as the
+      workload is rebuilt for every trial and after every restart;
+    - ``_build_model(data, hparams)``: the ``nn.Module``; its Linear, Conv and
+      Embedding layers are then initialised from the trial seed
+      (:func:`init_parameters`);
+    - ``_build_optimizer(model, hparams)``: the ``torch.optim.Optimizer``;
+    - ``_before_epoch(system, steps)`` and ``_after_step()`` (optional): called
+      around the loop;
+    - ``_loss(outputs, targets)``, ``_to_device(x, y, device, memory_format)`` and
+      ``_batch_len(targets)`` (optional): the loop's loss (cross-entropy), how a
+      batch reaches the device, and how many samples it holds.
+
     Unknown params raise :class:`SpecError` on ``workload.params.<name>``, unknown
-    or out-of-range hyperparameters on ``hyperparameters.<name>``.
+    or out-of-range hyperparameters on ``hyperparameters.<name>``. For anything the
+    loop does not cover (another loss, non-tensor data, your own metrics) use
+    :func:`~pipetune.workloads.torch_workload` or subclass :class:`Workload`.
     """
 
     hparam_specs: ClassVar[dict[str, HParam]] = {}
@@ -275,12 +305,27 @@ class TorchClassifierWorkload(Workload):
             **ctx.loader_options(),
         )
 
+    # -- the loop's hooks: a batch to the device, its loss, its size ---------------------
+    def _to_device(self, x: Any, y: Any, device: torch.device, four_d: Any) -> tuple[Any, Any]:
+        x = x.to(device, non_blocking=True)
+        if x.dim() == 4:
+            x = x.contiguous(memory_format=four_d)
+        return x, y.to(device, non_blocking=True)
+
+    def _loss(self, outputs: Any, targets: Any) -> Any:
+        import torch.nn.functional as F
+
+        return F.cross_entropy(outputs.float(), targets)
+
+    @staticmethod
+    def _batch_len(targets: Any) -> int:
+        return len(targets)
+
     def train_epoch(
         self, system: AppliedConfig | SystemConfig, on_step: StepHook | None = None
     ) -> TrainStats:
         """One pass over the training split, shuffled from (seed, epoch); see the class doc."""
         import torch
-        import torch.nn.functional as F
 
         ctx = applied_context(system)
         model, optimizer = self._require_setup()
@@ -294,14 +339,11 @@ class TorchClassifierWorkload(Workload):
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         samples = steps = 0
         for x, y in loader:
-            x = x.to(device, non_blocking=True)
-            if x.dim() == 4:
-                x = x.contiguous(memory_format=four_d)
-            y = y.to(device, non_blocking=True)
+            x, y = self._to_device(x, y, device, four_d)
             optimizer.zero_grad(set_to_none=True)
             with ctx.autocast():
-                logits = model(x)
-            loss = F.cross_entropy(logits.float(), y)
+                outputs = model(x)
+            loss = self._loss(outputs, y)
             if scaler is not None:
                 scaler.scale(loss).backward()
                 scaler.step(optimizer)
@@ -309,8 +351,9 @@ class TorchClassifierWorkload(Workload):
             else:
                 loss.backward()
                 optimizer.step()
-            loss_sum += loss.detach().double() * len(y)
-            samples += len(y)
+            n = self._batch_len(y)
+            loss_sum += loss.detach().double() * n
+            samples += n
             steps += 1
             self._after_step()
             if on_step is not None:

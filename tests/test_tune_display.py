@@ -1,0 +1,49 @@
+"""What ``pipetune tune`` prints, read as a log (stdout and stderr not a terminal)."""
+
+from __future__ import annotations
+
+import io
+import sys
+from types import SimpleNamespace
+
+from pipetune.cli.tune import _LiveDisplay, _print_summary
+from pipetune.study import Trial
+
+
+def _study():
+    trial = Trial(trial_id=0, params={"lr": 0.1}, seed=0)
+    return SimpleNamespace(spec=SimpleNamespace(name="log-job"), trials={0: trial},
+                           in_flight=1, max_epochs=3, best_trial=lambda: None)
+
+
+SUMMARY = {
+    "trials_table": [{"trial": 0, "outcome": "completed", "epochs": 3, "probe_epochs": 1,
+                      "accuracy": 0.9, "system": "cores=1 interop=1 workers=0", "error": ""}],
+    "best_value": 0.9, "best_trial": 0, "best_params": {"lr": 0.1},
+    "best_system": "cores=1 interop=1 workers=0", "tuning_wall_s": 1.0, "epochs_run": 3,
+    "probe_epochs": 1, "groundtruth_hits": 0, "groundtruth_lookups": 1, "energy_j": 1.0,
+    "energy_source": "estimate", "parent_run_id": "abc", "tracking_uri": "sqlite:///m.db",
+    "study_id": "s",
+}
+
+
+def test_in_a_log_the_final_table_title_starts_on_its_own_line(monkeypatch):
+    """Redirected (``pipetune tune job.yaml > log.txt 2>&1``), the live table is printed
+    once at its end; the final table's title must not be glued to its last line."""
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "JUPYTER_COLUMNS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("COLUMNS", "100")
+    log = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", log)
+    monkeypatch.setattr(sys, "stderr", log)
+    display = _LiveDisplay(trials=1, metric="accuracy")
+    with display:
+        display.update(_study())
+    _print_summary(SUMMARY, "accuracy", "http://127.0.0.1:4200/api", None)
+
+    lines = log.getvalue().splitlines()
+    live_title = next(i for i, line in enumerate(lines) if "log-job: 1/1 trials" in line)
+    final_title = next(i for i, line in enumerate(lines) if line.strip().endswith("trials")
+                       and i > live_title and "log-job" not in line)
+    assert lines[final_title].strip() == "trials", lines[final_title]
+    assert lines[final_title - 1].rstrip().endswith("┘")  # the live table ended just above
