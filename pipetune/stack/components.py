@@ -356,8 +356,15 @@ class Launcher:
             # Not daemonic, so an epoch may start data-loader processes
             # (system.dataloader_workers > 0), as on the embedded cluster.
             env["DASK_DISTRIBUTED__WORKER__DAEMON"] = "False"
+            # One epoch at a time per worker process (one thread), as on the embedded
+            # cluster: torch's thread pools are process-wide, and two epochs setting
+            # them from two threads of one process crash it. The epoch's torch threads
+            # use the ``cores`` the worker advertises.
             argv = [_executable("dask"), "worker", address, "--nworkers", "1",
-                    "--nthreads", str(self.cores), "--resources", f"cores={self.cores}",
+                    "--nthreads", "1", "--resources", f"cores={self.cores}",
+                    # warmed before it registers (torch imported, first step taken), so
+                    # a study's first epoch on it is not measured with that cost
+                    "--preload", "flows.worker_setup",
                     "--name", name, "--host", self.host, "--local-directory",
                     str(home / "dask-scratch"), "--no-dashboard",
                     # its HTTP server (health, metrics) listens anyway: on the host only
