@@ -19,8 +19,15 @@ EXAMPLE = REPO / "examples" / "custom_workload"
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("job", ["job.yaml", "digits_job.yaml"])
-def test_the_example_tunes_from_its_folder_and_recurs_from_the_ground_truth(job, tmp_path):
+@pytest.mark.parametrize(("job", "every_trial_hits"), [
+    # ASHA stops most trials after epoch 1 (no lookup yet), and batch_size is tuned: the
+    # ground truth is keyed by batch-size bucket, so a bucket the first run never
+    # recorded still probes once.
+    ("job.yaml", False),
+    ("digits_job.yaml", True),  # every trial runs 3 epochs at one batch size
+])
+def test_the_example_tunes_from_its_folder_and_recurs_from_the_ground_truth(
+        job, every_trial_hits, tmp_path):
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -41,8 +48,10 @@ def test_the_example_tunes_from_its_folder_and_recurs_from_the_ground_truth(job,
         client.search_runs([exp.experiment_id], "tags.`pipetune.kind` = 'study'"),
         key=lambda r: r.info.start_time)
     assert first.data.metrics["probe_epochs"] >= 1, runs[0]
-    assert second.data.metrics["probe_epochs"] == 0, runs[1]
-    assert second.data.metrics["groundtruth_hits"] == second.data.metrics["trials"] >= 1
+    assert second.data.metrics["groundtruth_hits"] >= 1, runs[1]
+    if every_trial_hits:
+        assert second.data.metrics["probe_epochs"] == 0, runs[1]
+        assert second.data.metrics["groundtruth_hits"] == second.data.metrics["trials"]
     assert {first.info.status, second.info.status} == {"FINISHED"}
     assert {f.path for f in client.list_artifacts(second.info.run_id, "best_model")} >= {
         "best_model/best_model.pt", "best_model/best_model.json"}
