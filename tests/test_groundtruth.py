@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing
 import os
 import pickle
 import stat
@@ -135,29 +134,9 @@ def test_a_new_record_from_elsewhere_is_seen_at_the_next_lookup(gt):
     assert gt.lookup(noisy(CONV_JOB, 1), 32, "time").hit
 
 
-def _write_records(path: str, who: str, n: int, start) -> None:
-    store = GroundTruth(path)
-    start.wait()
-    for i in range(n):
-        store.record(noisy(CONV_JOB, i), 32, "time", CORES2, 0.01 + i, job=who, trial=str(i))
-
-
-def test_two_processes_writing_at_once_lose_nothing(gt):
-    ctx = multiprocessing.get_context("spawn")
-    start = ctx.Event()
-    procs = [
-        ctx.Process(target=_write_records, args=(str(gt.path), who, 20, start)) for who in "ab"
-    ]
-    for p in procs:
-        p.start()
-    start.set()
-    for p in procs:
-        p.join(60)
-    assert [p.exitcode for p in procs] == [0, 0]
-    records = json.loads(gt.path.read_text())["records"]
-    assert len(records) == 40 == len(gt)
-    for who in "ab":
-        assert sorted(int(r["trial"]) for r in records if r["job"] == who) == list(range(20))
+# Writers in several processes at once: the store contract test
+# (test_groundtruth_sql.py::test_four_processes_writing_at_once_lose_and_duplicate_nothing)
+# runs it over the JSON file too, with four writers.
 
 
 def test_corrupt_file_is_reported_by_path_and_left_alone(gt):
