@@ -129,21 +129,16 @@ class MlflowArtifactStorage(Storage):
     kind = "mlflow-artifacts"
     partial_reads = True
 
-    @staticmethod
-    def _split(url: str) -> tuple[Any, str]:
-        from mlflow.utils.credentials import get_default_host_creds
-        from mlflow.utils.rest_utils import MlflowHostCreds
-
-        base, _, path = url.partition(PROXY_PATH)
-        creds: MlflowHostCreds = get_default_host_creds(base + PROXY_PATH)
-        return creds, "/" + path.lstrip("/")
-
     def _request(self, url: str, method: str, **kwargs: Any) -> Any:
+        """``method`` on a proxy URL: MLflow's client with the server's credentials,
+        on ``<api>/mlflow-artifacts/artifacts[/<path>]`` (no path: the listing)."""
+        from mlflow.utils.credentials import get_default_host_creds
         from mlflow.utils.rest_utils import http_request
 
-        creds, endpoint = self._split(url)
+        api, _, rest = url.partition("/mlflow-artifacts/")
         try:
-            return http_request(creds, endpoint, method, max_retries=3, **kwargs)
+            return http_request(get_default_host_creds(api), f"/mlflow-artifacts/{rest}",
+                                method, max_retries=3, **kwargs)
         except Exception as e:  # noqa: BLE001 - connection refused, DNS, TLS: say where
             raise StorageError(f"{method} {url}: {type(e).__name__}: {e}") from None
 
@@ -160,17 +155,9 @@ class MlflowArtifactStorage(Storage):
         _raise_for(resp, "PUT", url)
 
     def exists(self, url: str) -> bool:
-        from mlflow.utils.credentials import get_default_host_creds
-        from mlflow.utils.rest_utils import http_request
-
         parent, name = url.rstrip("/").rsplit("/", 1)
         base, _, folder = parent.partition(PROXY_PATH)
-        api, _, listing = (base + PROXY_PATH).rpartition("/mlflow-artifacts/")
-        try:  # the listing is GET <api>/mlflow-artifacts/artifacts?path=<folder>
-            resp = http_request(get_default_host_creds(api), f"/mlflow-artifacts/{listing}",
-                                "GET", params={"path": folder.strip("/")}, max_retries=3)
-        except Exception as e:  # noqa: BLE001
-            raise StorageError(f"GET {parent}: {type(e).__name__}: {e}") from None
+        resp = self._request(base + PROXY_PATH, "GET", params={"path": folder.strip("/")})
         if resp.status_code == 404:
             return False
         _raise_for(resp, "GET", parent)

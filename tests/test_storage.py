@@ -7,7 +7,6 @@ over HTTP and come back as artifacts of the study's run, browsable in the UI.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,20 +19,15 @@ torch = pytest.importorskip("torch")
 
 from pipetune.checkpoints import CheckpointStore, resolve_checkpoint_root  # noqa: E402
 from pipetune.errors import PipetuneError, StorageError  # noqa: E402
+from pipetune.prefect_server import free_port  # noqa: E402
 from pipetune.storage import resolve_location, storage_for  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """A tracking server with the artifact proxy, on SQLite, for this module."""
     root = tmp_path_factory.mktemp("mlflow-server")
-    port = _free_port()
+    port = free_port()
     log = (root / "server.log").open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
@@ -122,7 +116,7 @@ def test_checkpoints_are_artifacts_of_the_study_run_through_the_proxy(mlflow_ser
 
 
 def test_a_stopped_proxy_is_one_clear_error(tmp_path):
-    ref = f"http://127.0.0.1:{_free_port()}/api/2.0/mlflow-artifacts/artifacts/1/r/x.pt"
+    ref = f"http://127.0.0.1:{free_port()}/api/2.0/mlflow-artifacts/artifacts/1/r/x.pt"
     with pytest.raises(StorageError, match="127.0.0.1"):
         CheckpointStore.write_state({"w": torch.zeros(1)}, ref)
 

@@ -15,14 +15,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on at ``host`` right now."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 def port_free(host: str, port: int) -> bool:
     """Whether a server could listen on ``host:port`` now (connections of a server
     stopped a moment ago, in TIME_WAIT, do not count: servers bind with SO_REUSEADDR)."""

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pipetune.errors import PipetuneError
+from pipetune.prefect_server import free_port
 from pipetune.remote import is_loopback
 from pipetune.stack import _proc, probes
 from pipetune.stack.postgres import Postgres, connect_host
@@ -92,7 +93,7 @@ class Launcher:
         port = self.old_ports.get(name)
         if port and _proc.port_free(self.local, port):
             return port
-        return _proc.free_port(self.local)
+        return free_port(self.local)
 
     def hp(self, host: str, port: int) -> str:
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -36,6 +36,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from pipetune.errors import PipetuneError
+from pipetune.prefect_server import free_port
 from pipetune.remote import is_loopback
 from pipetune.stack import _proc
 
@@ -162,7 +163,7 @@ class Postgres:
         if not self.port or not _proc.port_free(connect_host(self.host), self.port):
             if self.port:
                 raise PipetuneError(f"port {self.port} on {self.host} is taken")
-            self.port = _proc.free_port(connect_host(self.host))
+            self.port = free_port(connect_host(self.host))
         self._configure()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
