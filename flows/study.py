@@ -147,7 +147,7 @@ def study_flow(
     # ``mlflow``: checkpoints are artifacts of the study's run (through the tracking
     # server's artifact proxy on a team stack), so every host reaches them by URL.
     checkpoints = CheckpointStore(
-        resolve_checkpoint_root(checkpoint_root, tracking_uri, tracker.artifact_uri),
+        resolve_checkpoint_root(checkpoint_root, tracking_uri, lambda: tracker.artifact_uri),
         keep=keep_checkpoints)
     if dask_address is None:  # workers for OpenMP policies the job asks for, before the clock
         ensure_worker_groups(process_knob_values(spec))

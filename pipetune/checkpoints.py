@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -89,12 +89,15 @@ def default_checkpoint_root() -> str:
     return os.environ.get(CHECKPOINTS_ENV, "").strip() or str(pipetune_home() / "checkpoints")
 
 
-def resolve_checkpoint_root(root: str, tracking_uri: str, run_artifact_uri: str) -> str:
+def resolve_checkpoint_root(
+    root: str, tracking_uri: str, run_artifact_uri: Callable[[], str]
+) -> str:
     """Where a study's checkpoints go, as a URL every worker can use: ``mlflow`` means
-    ``<the study run's artifacts>/checkpoints``; ``mlflow-artifacts:`` URIs become the
+    ``<the study run's artifacts>/checkpoints`` (``run_artifact_uri()`` is asked only
+    then: it costs a call to the tracking server); ``mlflow-artifacts:`` URIs become the
     tracking server's proxy address; anything else is kept."""
     if root == "mlflow":
-        root = f"{run_artifact_uri.rstrip('/')}/checkpoints"
+        root = f"{run_artifact_uri().rstrip('/')}/checkpoints"
     return resolve_location(root, tracking_uri)
 
 

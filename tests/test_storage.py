@@ -71,8 +71,13 @@ def test_mlflow_artifacts_uris_resolve_to_the_proxy():
         resolve_location("mlflow-artifacts:/x", "sqlite:///m.db")
     with pytest.raises(StorageError, match="resolve"):
         storage_for("mlflow-artifacts:/x/y.pt")
-    assert resolve_checkpoint_root("mlflow", "sqlite:///m.db", "/runs/1/r/artifacts") == (
+    assert resolve_checkpoint_root("mlflow", "sqlite:///m.db", lambda: "/runs/1/r/artifacts") == (
         "/runs/1/r/artifacts/checkpoints")
+
+    def no_call() -> str:
+        raise AssertionError("the run's artifact URI is asked only for 'mlflow'")
+
+    assert resolve_checkpoint_root("/data/ck", "http://h:5000", no_call) == "/data/ck"
 
 
 @pytest.mark.parametrize("kind", ["folder", "memory"])
@@ -96,7 +101,7 @@ def test_checkpoints_are_artifacts_of_the_study_run_through_the_proxy(mlflow_ser
     client = MlflowClient(url)
     run = client.create_run(client.create_experiment(f"ck-{time.time_ns()}"))
     assert run.info.artifact_uri.startswith("mlflow-artifacts:")
-    root = resolve_checkpoint_root("mlflow", url, run.info.artifact_uri)
+    root = resolve_checkpoint_root("mlflow", url, lambda: run.info.artifact_uri)
     assert root.startswith(f"{url}/api/2.0/mlflow-artifacts/artifacts/")
     store = CheckpointStore(root)
     refs = [store.ref("study", 3, epoch) for epoch in (1, 2)]
