@@ -52,6 +52,11 @@ class GroundTruthMatch:
     bound: float
     support: int
     reason: str
+    #: What ``config`` cost once in the trials behind it (objective units, per epoch
+    #: that paid it: a compile), and how much faster per sample it ran than their
+    #: default; ``None`` when the records predate these figures.
+    one_time: float | None = None
+    speedup: float | None = None
 
     def __post_init__(self) -> None:
         if self.hit and self.config is None:

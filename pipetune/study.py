@@ -235,14 +235,7 @@ class Study:
             self.epoch_times[(result.trial_id, result.epoch)][2] = time.time()
         trial = self.trials[result.trial_id]
         trial.results.append(result)
-        trial.history.append(
-            EpochObservation(
-                epoch=result.epoch,
-                phase=result.phase,
-                system=result.system,
-                cost=self.epoch_cost(result),
-            )
-        )
+        trial.history.append(self.observation(result))
         value = result.metrics.get(self.metric)
         if value is None or math.isnan(value):
             self._end(trial, TrialState.FAILED, error=f"metric {self.metric!r} missing or NaN")
@@ -253,6 +246,26 @@ class Study:
             self._end(trial, state)
         return decision
 
+    def observation(self, result: EpochResult) -> EpochObservation:
+        """What the system tuner sees of a finished epoch: its cost, steady cost and
+        one-time part, each scaled as :meth:`epoch_cost` scales."""
+        scale = self._cost_scale(result)
+        m = result.measurement
+        return EpochObservation(
+            epoch=result.epoch,
+            phase=result.phase,
+            system=result.system,
+            cost=result.cost(self.objective) * scale,
+            steady=m.steady_cost(self.objective) * scale,
+            one_time=m.one_time_cost(self.objective) * scale,
+            samples=m.samples,
+        )
+
+    def _cost_scale(self, result: EpochResult) -> float:
+        if self.objective == "time" and self.spec.search.max_concurrent > 1:
+            return float(result.system.cores)
+        return 1.0
+
     def epoch_cost(self, result: EpochResult) -> float:
         """What the system tuner compares configs by: the objective per sample, and
         for ``time`` in a study that runs trials side by side, *core*-seconds per
@@ -261,10 +274,7 @@ class Study:
         that reserves every core runs alone, while the default epoch it is compared
         with shared the machine, so plain seconds would favour it for the wrong reason
         (measured: cores=2 probes won on LeNet-5 although cores=1 was faster alone)."""
-        cost = result.cost(self.objective)
-        if self.objective == "time" and self.spec.search.max_concurrent > 1:
-            cost *= result.system.cores
-        return cost
+        return result.cost(self.objective) * self._cost_scale(result)
 
     def on_epoch_failed(self, trial_id: int, epoch: int, error: str) -> None:
         """An epoch raised: the trial fails, the study goes on."""
@@ -301,7 +311,8 @@ class Study:
             return TuningDecision(system=trial.fixed_system, phase=Phase.TRAIN, record=None,
                                   record_cost=None, reason="system knobs set by the trial's params")
         return self.tuner.next_epoch(
-            trial.history, epochs_left=self.max_epochs - trial.epochs_run, match=trial.match
+            trial.history, epochs_left=self.max_epochs - trial.epochs_run, match=trial.match,
+            sure_epochs=self.scheduler.sure_epochs(trial.epochs_run),
         )
 
     def apply_decision(self, trial_id: int, decision: TuningDecision) -> EpochTask:
@@ -310,7 +321,8 @@ class Study:
         trial = self.trials[trial_id]
         trial.decisions.append(decision)
         if decision.record is not None and decision.record_cost is not None:
-            self._record(trial, decision.record, decision.record_cost)
+            self._record(trial, decision.record, decision.record_cost,
+                         one_time=decision.record_one_time, speedup=decision.record_speedup)
         task = self._mark_ready(self._epoch_task(trial, decision))
         self._queue.append(task)
         return task
@@ -388,8 +400,11 @@ class Study:
         return self
 
     # -- ending ---------------------------------------------------------------------
-    def _record(self, trial: Trial, config: SystemConfig, cost: float) -> None:
-        if self.ground_truth is None or trial.recorded is not None or not trial.results:
+    def _record(self, trial: Trial, config: SystemConfig, cost: float, *,
+                one_time: float | None = None, speedup: float | None = None) -> None:
+        # One record per trial and kept config: a one-time knob probed later (once the
+        # horizon allowed it) records again only when it changed the choice.
+        if self.ground_truth is None or trial.recorded == config or not trial.results:
             return
         if self._replaying:  # recorded before the study stopped
             trial.recorded = config
@@ -403,6 +418,8 @@ class Study:
             cost,
             job=self.spec.name,
             trial=f"{self.study_id}/{trial.trial_id}",
+            one_time=one_time,
+            speedup=speedup,
         )
         trial.recorded = config
 
@@ -412,11 +429,13 @@ class Study:
         trial.state = state
         trial.error = error
         self._queue = deque(t for t in self._queue if t.trial_id != trial.trial_id)
-        if state is not TrialState.FAILED and trial.probe_epochs and trial.recorded is None:
+        if (state is not TrialState.FAILED and trial.history
+                and trial.history[-1].phase is Phase.PROBE):
             # The trial ended right after probing: still remember what the probes showed.
             best = self.tuner.best_observed(trial.history)
             if best is not None:
-                self._record(trial, *best)
+                one_time, speedup = self.tuner.figures(trial.history, best[0])
+                self._record(trial, *best, one_time=one_time, speedup=speedup)
         self.searcher.tell(trial.trial_id, trial.last_value(self.metric), state)
         self.scheduler.on_trial_remove(trial.trial_id)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pipetune.errors import SpecError, SystemConfigError
@@ -43,6 +43,18 @@ PLANS: tuple[str, ...] = ("one_knob",)
 #: is also about the epoch-to-epoch jitter of one CPU epoch on a shared machine.
 WARMUP_MARGIN = 0.05
 
+#: An untried config with a one-time cost (``compile``), about which nothing is known
+#: yet, is probed only when the trial is sure to run at least this many more epochs
+#: (the probe included): one epoch to pay and measure it, two to earn it back. A
+#: shorter trial (one ASHA may stop at the next rung) never pays a compile it cannot
+#: earn back; if it goes on past the rung, it is asked again with the longer horizon.
+MIN_ONE_TIME_HORIZON = 3
+
+#: A config reused from the ground truth whose steady cost per sample is more than
+#: this much above the trial's own default (epoch 1, one-time part excluded) did not
+#: transfer: the trial drops it and probes for itself.
+REUSE_MARGIN = 0.10
+
 #: Dotted prefix used when a value of the system search space is rejected.
 SPACE_FIELD = "system.space"
 
@@ -53,12 +65,23 @@ class EpochObservation:
 
     ``cost`` is per sample under the system objective: seconds (``time``) or joules
     (``energy``). Lower is better; ``inf`` or NaN (an epoch that saw no samples) loses.
+    ``steady`` is the same once warm, the epoch's one-time part left out (``None``:
+    not measured, ``cost`` stands in); ``one_time`` is that part for the whole epoch
+    (compiling, first steps, loader start), in the objective's units; ``samples`` the
+    epoch's sample count (0: unknown).
     """
 
     epoch: int
     phase: Phase
     system: SystemConfig
     cost: float
+    steady: float | None = None
+    one_time: float = 0.0
+    samples: int = 0
+
+    @property
+    def steady_cost(self) -> float:
+        return _finite_or_inf(self.cost if self.steady is None else float(self.steady))
 
     def __post_init__(self) -> None:
         if not isinstance(self.epoch, int) or isinstance(self.epoch, bool) or self.epoch < 1:
@@ -73,9 +96,12 @@ class EpochObservation:
 class TuningDecision:
     """What the next epoch runs under and why.
 
-    ``record`` is set on exactly one decision of a trial that probed: the first one
-    after its last probe. The caller stores ``record`` with ``record_cost`` in the
-    ground truth (under the trial's epoch-1 profile).
+    ``record`` is set on the first decision after a run of probes (once per trial,
+    unless a one-time knob is probed later, when the horizon allows it, and changes the
+    choice). The caller stores ``record`` with ``record_cost`` (its steady cost per
+    sample), ``record_one_time`` and ``record_speedup`` (against the default) in the
+    ground truth under the trial's epoch-1 profile. ``inputs`` are the figures the
+    decision weighed (epochs it projects over, costs, one-time seconds), for the record.
     """
 
     system: SystemConfig
@@ -83,6 +109,9 @@ class TuningDecision:
     record: SystemConfig | None
     record_cost: float | None
     reason: str
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+    record_one_time: float | None = None
+    record_speedup: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "phase", Phase(self.phase))
@@ -197,17 +226,22 @@ class SystemTuner:
         *,
         epochs_left: int,
         match: GroundTruthMatch | None,
+        sure_epochs: int | None = None,
     ) -> TuningDecision:
         """The decision for epoch ``len(history) + 1``.
 
         ``history`` holds every finished epoch of the trial in order (epoch 1 first).
         ``match`` is the ground truth's answer for the epoch-1 profile, passed on every
         call after epoch 1; ``None`` (no lookup could be made) counts as a miss, and so
-        does a hit whose config this machine cannot run.
+        does a hit whose config this machine cannot run. ``sure_epochs`` is how many
+        epochs the trial will run for certain, this one included (the scheduler's next
+        rung, see :meth:`~pipetune.schedulers.Scheduler.sure_epochs`); a one-time cost
+        must be earned back within it. Default: ``epochs_left``.
         """
         history = _checked_history(history)
         if not isinstance(epochs_left, int) or epochs_left < 0:
             raise ValueError(f"epochs_left must be an integer >= 0, got {epochs_left!r}")
+        horizon = epochs_left if sure_epochs is None else max(0, min(sure_epochs, epochs_left))
         if not self.enabled:
             return TuningDecision(
                 self.default, Phase.TRAIN, None, None, "pipetune off: default config"
@@ -221,30 +255,33 @@ class SystemTuner:
                 f"profile: epoch 1 under the default ({self.default.label()})",
             )
 
-        hit_config, why = self._usable_hit(match)
+        hit_config, why = self._usable_hit(match, history)
         if hit_config is not None:
-            return TuningDecision(
-                hit_config,
-                Phase.TRAIN,
-                None,
-                None,
-                f"{why}: {describe_change(self.default, hit_config)}",
-            )
+            assert match is not None
+            return self._reuse(history, hit_config, match, horizon, why)
 
         later = history[1:]
         probed = [o for o in later if o.phase is Phase.PROBE]
-        trained = any(o.phase is Phase.TRAIN for o in later)
-        if not trained and epochs_left > 0:
-            tried = {o.system for o in probed}
+        rejected = match.config if match is not None and match.hit else None
+        trained = any(o.phase is Phase.TRAIN and o.system != rejected for o in later)
+        if epochs_left > 0:
+            tried = {o.system for o in history}
             untried = [c for c in self._candidates if c not in tried]
-            if untried:
-                nxt = untried[0]
-                n = len(probed) + 1
-                total = len(probed) + len(untried)
+            fits = [c for c in untried
+                    if not c.one_time_knobs() or horizon >= MIN_ONE_TIME_HORIZON]
+            if trained:  # only a one-time knob deferred for a short horizon is left
+                fits = [c for c in fits if c.one_time_knobs()]
+            if fits:
+                nxt = fits[0]
+                n = len({o.system for o in probed}) + 1
+                total = n - 1 + len(untried)
                 reason = f"probe {n}/{total}: {describe_change(self.default, nxt)}"
                 if n == 1:
                     reason += f" ({why})"
-                return TuningDecision(nxt, Phase.PROBE, None, None, reason)
+                return TuningDecision(nxt, Phase.PROBE, None, None, reason,
+                                      inputs={"sure_epochs": horizon})
+        deferred = [c for c in self._candidates
+                    if c.one_time_knobs() and c not in {o.system for o in history}]
 
         best = self.best_observed(history)
         if best is None:
@@ -254,21 +291,66 @@ class SystemTuner:
         config, cost = best
         reason = (
             f"train: best of {len({o.system for o in probed}) + 1} configs observed: "
-            f"{describe_change(self.default, config)} (cost {cost:.4g}, "
-            f"default {history[0].cost:.4g})"
+            f"{describe_change(self.default, config)} (steady cost {cost:.4g}, "
+            f"default {history[0].steady_cost:.4g})"
         )
-        if trained or not math.isfinite(cost):
-            # Recorded already (one record per trial), or nothing ran well enough to learn.
-            return TuningDecision(config, Phase.TRAIN, None, None, reason)
-        return TuningDecision(config, Phase.TRAIN, config, cost, reason + "; record it")
+        if deferred:
+            reason += (f"; {', '.join(describe_change(self.default, c) for c in deferred)} "
+                       f"not probed: {horizon} sure epoch(s) < {MIN_ONE_TIME_HORIZON} to earn "
+                       "a one-time cost back")
+        inputs = {"sure_epochs": horizon, "steady_cost": cost,
+                  "default_steady_cost": history[0].steady_cost}
+        if history[-1].phase is not Phase.PROBE or not math.isfinite(cost):
+            # Recorded after the probes already, or nothing ran well enough to learn.
+            return TuningDecision(config, Phase.TRAIN, None, None, reason, inputs=inputs)
+        one_time, speedup = self.figures(history, config)
+        return TuningDecision(config, Phase.TRAIN, config, cost, reason + "; record it",
+                              inputs=inputs, record_one_time=one_time, record_speedup=speedup)
+
+    def _reuse(self, history: list[EpochObservation], config: SystemConfig,
+               match: GroundTruthMatch, horizon: int, why: str) -> TuningDecision:
+        """Train under the ground truth's ``config``, unless a one-time knob of it would
+        not be earned back within ``horizon`` sure epochs: then under ``config`` without
+        it. The expected gain is ``horizon x samples x`` the trial's own default steady
+        cost ``x (1 - 1/speedup)``, against the recorded one-time cost."""
+        ran = {o.system for o in history}
+        knobs = config.one_time_knobs()
+        if not knobs or config in ran:
+            return TuningDecision(config, Phase.TRAIN, None, None,
+                                  f"{why}: {describe_change(self.default, config)}")
+        without = config.replace(**{k: getattr(self.default, k) for k in knobs})
+        default_steady = history[0].steady_cost
+        samples = history[-1].samples or history[0].samples
+        inputs: dict[str, Any] = {"sure_epochs": horizon, "default_steady_cost": default_steady,
+                                  "samples": samples, "one_time": match.one_time,
+                                  "speedup": match.speedup}
+        if match.one_time is None or match.speedup is None or not math.isfinite(default_steady):
+            pays = horizon >= MIN_ONE_TIME_HORIZON
+            detail = (f"no one-time figures recorded; {horizon} sure epoch(s) "
+                      f"{'>=' if pays else '<'} {MIN_ONE_TIME_HORIZON}")
+        else:
+            speedup = max(match.speedup, 1e-9)
+            gain = horizon * samples * default_steady * (1.0 - 1.0 / speedup)
+            pays = gain > match.one_time
+            inputs["gain"] = gain
+            detail = (f"saves {gain:.3g} over {horizon} sure epoch(s) at {speedup:.2f}x "
+                      f"{'>' if pays else '<='} {match.one_time:.3g} once")
+        chosen = config if pays else without
+        verb = "pays" if pays else "does not pay"
+        reason = (f"{why}: {describe_change(self.default, chosen)} "
+                  f"({', '.join(knobs)} {verb}: {detail})")
+        return TuningDecision(chosen, Phase.TRAIN, None, None, reason, inputs=inputs)
 
     def best_observed(
         self, history: Sequence[EpochObservation]
     ) -> tuple[SystemConfig, float] | None:
-        """The config to keep (and record) with its cost, or ``None`` if nothing was probed.
+        """The config to keep (and record) with its steady cost, or ``None`` if nothing
+        was probed.
 
-        Compares the default's epoch-1 cost with the mean cost of each probed config,
-        applying the warm-up margin described on the class.
+        Compares the default's epoch-1 steady cost with the mean steady cost of each
+        probed config (every one of them has paid its one-time cost in this trial
+        already: from here on only the steady rate counts), applying the margin
+        described on the class.
         """
         history = _checked_history(history)
         if not history:
@@ -276,7 +358,7 @@ class SystemTuner:
         probes: dict[SystemConfig, list[float]] = {}
         for obs in history[1:]:
             if obs.phase is Phase.PROBE:
-                probes.setdefault(obs.system, []).append(_finite_or_inf(obs.cost))
+                probes.setdefault(obs.system, []).append(obs.steady_cost)
         if not probes:
             return None
         # dicts keep insertion order and min() keeps the first minimum: ties go to the
@@ -284,12 +366,27 @@ class SystemTuner:
         means = {cfg: sum(c) / len(c) for cfg, c in probes.items()}
         best_cfg = min(means, key=means.__getitem__)
         base = history[0]
-        base_cost = _finite_or_inf(base.cost)
+        base_cost = base.steady_cost
         if best_cfg == base.system or means[best_cfg] < base_cost * (1.0 - self.warmup_margin):
             return best_cfg, means[best_cfg]
         return base.system, base_cost
 
-    def _usable_hit(self, match: GroundTruthMatch | None) -> tuple[SystemConfig | None, str]:
+    @staticmethod
+    def figures(history: Sequence[EpochObservation],
+                config: SystemConfig) -> tuple[float | None, float | None]:
+        """``(one_time, speedup)`` of ``config`` in this trial: the one-time cost of the
+        first epoch that ran it, and the default's steady cost over its own."""
+        runs = [o for o in history if o.system == config]
+        if not runs or not history:
+            return None, None
+        steady = sum(o.steady_cost for o in runs) / len(runs)
+        base = history[0].steady_cost
+        speedup = base / steady if steady > 0 and math.isfinite(base) else None
+        one_time = runs[0].one_time if config != history[0].system else 0.0
+        return one_time, speedup
+
+    def _usable_hit(self, match: GroundTruthMatch | None,
+                    history: Sequence[EpochObservation] = ()) -> tuple[SystemConfig | None, str]:
         if match is None:
             return None, "no ground-truth lookup: miss"
         if not match.hit or match.config is None:
@@ -298,6 +395,15 @@ class SystemTuner:
             match.config.check_machine(self.machine, where="groundtruth.config")
         except SystemConfigError as err:
             return None, f"ground-truth config unusable here ({err}): miss"
+        # Reuse is checked, never trusted: a config that ran slower here than this
+        # trial's own default did not transfer (a similar profile, another model).
+        base = history[0].steady_cost if history else math.inf
+        reused = [o for o in history[1:] if o.system == match.config and o.phase is Phase.TRAIN]
+        if reused and math.isfinite(base) and reused[0].system != history[0].system:
+            steady = sum(o.steady_cost for o in reused) / len(reused)
+            if steady > base * (1.0 + REUSE_MARGIN):
+                return None, (f"ground-truth config {match.config.label()} ran "
+                              f"{steady / base:.2f}x this trial's default: miss, probing")
         return match.config, (
             f"ground-truth hit (cluster {match.cluster}, bucket {match.bucket}, "
             f"support {match.support})"
@@ -345,7 +451,7 @@ def _normalise_space(space: Mapping[str, Sequence[Any]]) -> dict[str, tuple[Any,
 
 def _check_knob_value(knob: str, value: Any, field: str) -> None:
     """Reject a value that is malformed on its own (not merely unusable with the default)."""
-    base = {"device": "cuda"} if knob in CUDA_KNOBS else {}
+    base = {"device": "cuda"} if knob in (*CUDA_KNOBS, "precision") else {}
     try:
         SystemConfig(**{**base, knob: value})
     except SystemConfigError as err:

@@ -30,13 +30,37 @@ def test_invalid_values_name_the_knob(knobs, field):
     assert isinstance(info.value, SpecError) and str(info.value).startswith(field)
 
 
-@pytest.mark.parametrize("knob", ["precision", "tf32", "cudnn_benchmark", "channels_last"])
+@pytest.mark.parametrize("knob", ["tf32", "cudnn_benchmark"])
 def test_cuda_knobs_need_device_cuda(knob):
-    value = "bf16" if knob == "precision" else True
     with pytest.raises(SystemConfigError, match="CUDA knob") as info:
-        SystemConfig(**{knob: value})
+        SystemConfig(**{knob: True})
     assert info.value.field == f"system.{knob}"
-    assert getattr(SystemConfig(device="cuda", **{knob: value}), knob) == value
+    assert getattr(SystemConfig(device="cuda", **{knob: True}), knob) is True
+
+
+def test_fp16_needs_cuda_while_bf16_channels_last_and_compile_work_on_the_cpu():
+    with pytest.raises(SystemConfigError, match="fp16 autocast needs device: cuda") as info:
+        SystemConfig(precision="fp16")
+    assert info.value.field == "system.precision"
+    config = SystemConfig(precision="bf16", channels_last=True, compile=True)
+    assert config.label() == "cores=1 interop=1 workers=0 bf16 channels_last compiled"
+    assert config.one_time_knobs() == ("compile",)
+    assert config.as_metrics()["sys_compile"] == 1.0
+
+
+def test_cpu_bf16_is_refused_on_a_processor_without_native_bf16(tmp_path, monkeypatch):
+    config = SystemConfig(precision="bf16")
+    with pytest.raises(SystemConfigError, match="avx512_bf16 or amx_bf16") as info:
+        config.check_machine(MachineInfo(cores=2, cpu_flags=frozenset({"avx2", "avx512f"})),
+                             where="system.default")
+    assert info.value.field == "system.default.precision"
+    config.check_machine(MachineInfo(cores=2, cpu_flags=frozenset({"amx_bf16"})))
+    # The flags come from /proc/cpuinfo, or the file $PIPETUNE_CPUINFO names.
+    fake = tmp_path / "cpuinfo"
+    fake.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2\n\nprocessor\t: 1\n")
+    monkeypatch.setenv("PIPETUNE_CPUINFO", str(fake))
+    assert MachineInfo.detect().cpu_flags == {"fpu", "sse2", "avx2"}
+    assert not MachineInfo.detect().cpu_bf16
 
 
 def test_cuda_rejected_on_a_machine_without_a_gpu():

@@ -286,11 +286,19 @@ def test_tuner_and_its_values_cross_a_process_boundary():
 
 
 def test_a_config_invalid_in_combination_is_not_a_spec_error():
-    # bf16 is a fine value of its knob; with a CPU default it is just not a candidate.
-    tuner = SystemTuner(DEFAULT, {"precision": ["fp32", "bf16"]}, machine=TWO_CORES)
+    # fp16 is a fine value of its knob; with a CPU default it is just not a candidate.
+    tuner = SystemTuner(DEFAULT, {"precision": ["fp32", "fp16"]}, machine=TWO_CORES)
     assert tuner.candidates() == []
     with pytest.raises(SystemConfigError):
-        DEFAULT.replace(precision="bf16")
+        DEFAULT.replace(precision="fp16")
+
+
+def test_cpu_bf16_is_a_candidate_only_where_the_processor_has_native_bf16():
+    plain = SystemTuner(DEFAULT, {"precision": ["bf16"]}, machine=TWO_CORES)
+    assert plain.candidates() == [] and "native bf16" in plain.dropped[0]
+    native = MachineInfo(cores=2, cpu_flags=frozenset({"avx512f", "avx512_bf16"}))
+    tuner = SystemTuner(DEFAULT, {"precision": ["bf16"]}, machine=native)
+    assert tuner.candidates() == [DEFAULT.replace(precision="bf16")]
 
 
 def test_end_to_end_with_a_workload_whose_epoch_time_is_known(gt):

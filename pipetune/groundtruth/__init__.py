@@ -168,8 +168,14 @@ class GroundTruth:
         *,
         job: str = "",
         trial: str = "",
+        one_time: float | None = None,
+        speedup: float | None = None,
     ) -> None:
         """Store the config a trial kept, under its epoch-1 profile. Safe across processes.
+
+        ``one_time`` (what the config cost once, e.g. compiling) and ``speedup`` (its
+        steady cost per sample against the trial's default) let a later trial weigh a
+        one-time knob against the epochs it has left without probing it.
 
         The record is checked by the rule records are read with (finite features and
         cost, ...); one that would not read back raises :class:`GroundTruthError` and
@@ -190,6 +196,10 @@ class GroundTruth:
             "trial": str(trial),
             "time": datetime.now(UTC).isoformat(timespec="seconds"),
         }
+        if one_time is not None:
+            rec["one_time"] = float(one_time)
+        if speedup is not None:
+            rec["speedup"] = float(speedup)
         why = record_problem(rec)
         if why is not None:
             raise GroundTruthError(f"{why}; not recorded")

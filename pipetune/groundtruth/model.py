@@ -89,6 +89,10 @@ class GroundTruthEntry:
     config: SystemConfig
     cost: float
     support: int
+    #: Median one-time cost and speed-up over the default of the records behind
+    #: ``config`` that carry them (None: none does).
+    one_time: float | None = None
+    speedup: float | None = None
 
 
 @dataclass(frozen=True)
@@ -206,6 +210,8 @@ class Fit:
             config=entry.config,
             cost=entry.cost,
             support=entry.support,
+            one_time=entry.one_time,
+            speedup=entry.speedup,
             **near,
             reason=f"similar to {where} <= bound {bound:.3g}; bucket {bucket}, {objective}: "
             f"{entry.config.label()} chosen by {entry.support} trial(s)",
@@ -298,6 +304,12 @@ def best_config(recs: list[dict[str, Any]]) -> tuple[str, list[float]]:
 def _best_entry(gkey: tuple[int, int, str], recs: list[dict[str, Any]]) -> GroundTruthEntry:
     best, costs = best_config(recs)
     cluster, bucket_, objective = gkey
+    behind = [r for r in recs if config_key(r) == best]
+
+    def median_of(name: str) -> float | None:
+        values = [float(r[name]) for r in behind if r.get(name) is not None]
+        return float(statistics.median(values)) if values else None
+
     return GroundTruthEntry(
         cluster=cluster,
         bucket=bucket_,
@@ -305,6 +317,8 @@ def _best_entry(gkey: tuple[int, int, str], recs: list[dict[str, Any]]) -> Groun
         config=SystemConfig.from_dict(json.loads(best)),
         cost=float(statistics.median(costs)),
         support=len(costs),
+        one_time=median_of("one_time"),
+        speedup=median_of("speedup"),
     )
 
 

@@ -330,6 +330,10 @@ def record_problem(rec: Any) -> str | None:
         extra = sorted(set(features) - set(CLUSTER_FEATURES))
         return (f"features differ from the {len(CLUSTER_FEATURES)} the ground truth "
                 f"clusters on (missing {lacks}, extra {extra})")
+    for name in ("one_time", "speedup"):  # optional; absent in records before them
+        value = rec.get(name)
+        if value is not None and (not _finite(value) or value < 0):
+            return f"{name} must be a finite number >= 0, got {value!r}"
     if not isinstance(rec["config"], dict):
         return "config is not an object"
     try:

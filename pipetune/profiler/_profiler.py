@@ -176,6 +176,7 @@ class EpochProfiler:
             counters_source = "psutil"
 
         in_epoch_s = clock.hook_s + _traced_excess(clock, recorder)
+        steady_step_s, one_time_s = _split_one_time(clock, recorder, wall_s - in_epoch_s)
         overhead_s = setup_s + readout_s + in_epoch_s
         cores = _usable_cores()
         cpu_util = used.cpu_s / wall_s / cores if wall_s > 0 else 0.0
@@ -205,6 +206,7 @@ class EpochProfiler:
             energy_j=energy_j, energy_source=meter.source, counters_source=counters_source,
             op_mix=dict(op_mix.shares), counters=counters, overhead_s=overhead_s,
             profile=profile, overhead_in_epoch_s=in_epoch_s,
+            one_time_s=one_time_s, steady_step_s=steady_step_s,
         )
         return stats, measurement
 
@@ -242,6 +244,37 @@ def _traced_excess(clock: _StepClock, recorder: OpMixRecorder | None) -> float:
     if not traced or not baseline:
         return 0.0
     return len(traced) * max(0.0, statistics.median(traced) - statistics.median(baseline))
+
+
+#: Steps at the start of an epoch that never count towards its steady rate (the loader
+#: starting, the first step allocating, compiling).
+WARMUP_STEPS = 2
+#: A step slower than this many times the median is a one-time event (a recompile for
+#: a new batch shape, a loader worker starting late), not part of the steady rate.
+OUTLIER_FACTOR = 2.5
+
+
+def _split_one_time(clock: _StepClock, recorder: OpMixRecorder | None,
+                    own_wall_s: float) -> tuple[float, float]:
+    """``(steady_step_s, one_time_s)`` of an epoch whose own time (the profiler's taken
+    out) was ``own_wall_s``: the mean step of the steps after :data:`WARMUP_STEPS` that
+    are neither traced nor outliers (:data:`OUTLIER_FACTOR` x the median), and what the
+    epoch took beyond ``steps x`` that: compiling, recompiling, first steps, loader
+    start. An epoch of too few steps to tell has no one-time part."""
+    durations = clock.durations
+    if recorder is not None:
+        first, last = recorder.first_traced_step, recorder.last_traced_step
+        steady = [d for i, d in enumerate(durations)
+                  if i >= WARMUP_STEPS and not first <= i <= last]
+    else:
+        steady = durations[WARMUP_STEPS:]
+    steps = len(durations)
+    if len(steady) < 3:
+        return (own_wall_s / steps if steps else 0.0), 0.0
+    median = statistics.median(steady)
+    kept = [d for d in steady if d <= OUTLIER_FACTOR * median] or steady
+    step_s = sum(kept) / len(kept)
+    return step_s, max(0.0, own_wall_s - steps * step_s)
 
 
 def _usable_cores() -> int:

@@ -88,6 +88,11 @@ class EpochMeasurement:
     overhead_s: float
     profile: Profile
     overhead_in_epoch_s: float = 0.0
+    #: Of ``wall_s``, what the epoch paid once (compiling, recompiling for a new batch
+    #: shape, first steps, loader start) beyond ``steps x steady_step_s``.
+    one_time_s: float = 0.0
+    #: The mean step time once warm (0: not measured, e.g. a record from before it was).
+    steady_step_s: float = 0.0
 
     @property
     def samples_per_s(self) -> float:
@@ -110,6 +115,21 @@ class EpochMeasurement:
             share = own / self.wall_s if self.wall_s > 0 else 1.0
             return self.energy_j * share / self.samples
         raise ValueError(f"objective must be 'time' or 'energy', got {objective!r}")
+
+    def one_time_cost(self, objective: str) -> float:
+        """The epoch's one-time part under the objective, for the whole epoch (``time``:
+        s, ``energy``: J pro rata of wall time)."""
+        if objective == "time":
+            return self.one_time_s
+        if objective == "energy":
+            return self.energy_j * self.one_time_s / self.wall_s if self.wall_s > 0 else 0.0
+        raise ValueError(f"objective must be 'time' or 'energy', got {objective!r}")
+
+    def steady_cost(self, objective: str) -> float:
+        """Cost per sample once warm: :meth:`cost` without the one-time part."""
+        if self.samples <= 0:
+            return float("inf")
+        return max(self.cost(objective) - self.one_time_cost(objective) / self.samples, 0.0)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

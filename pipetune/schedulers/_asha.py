@@ -75,6 +75,16 @@ class ASHAScheduler(Scheduler):
         """Epochs at which trials are compared, ascending."""
         return self._rungs
 
+    def sure_epochs(self, epochs_run: int) -> int:
+        """Epochs until the next rung above ``epochs_run`` (a trial may be stopped
+        there), else until ``max_epochs``.
+
+        >>> ASHAScheduler(min_epochs=1, max_epochs=9, reduction_factor=3).sure_epochs(1)
+        2
+        """
+        later = [r for r in self._rungs if r > epochs_run]
+        return (later[0] if later else self.max_epochs) - epochs_run
+
     def recorded(self, rung: int) -> dict[int, float]:
         """Values recorded at ``rung`` so far: ``trial_id -> value`` as reported."""
         sign = 1.0 if self.mode == "max" else -1.0

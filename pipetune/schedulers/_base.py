@@ -36,6 +36,13 @@ class Scheduler(ABC):
         decision = self._decide(trial_id, epoch, float(value))
         return Decision.STOP if epoch >= self.max_epochs else decision
 
+    def sure_epochs(self, epochs_run: int) -> int:
+        """Epochs a trial that has run ``epochs_run`` will run for certain from now on
+        (the next epoch included): up to the next point where this scheduler may stop
+        it, or ``max_epochs``. What a one-time cost (a compile) must be earned back
+        within; a trial that goes on past that point is asked again then."""
+        return max(self.max_epochs - epochs_run, 0)
+
     def on_trial_remove(self, trial_id: int) -> None:  # noqa: B027 - optional hook
         """Trial ``trial_id`` ended (finished, stopped or failed); nothing more comes from it.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -76,14 +77,36 @@ class AppliedConfig:
         return options
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """The autocast context a step runs under: ``precision`` on cuda, else none."""
+        """The autocast context a step runs under: ``precision`` (bf16 on the CPU or
+        cuda, fp16 on cuda); none for fp32."""
         import torch
 
         config = self.config
-        if config.device == "cuda" and config.precision != "fp32":
+        if config.precision != "fp32":
             dtype = torch.bfloat16 if config.precision == "bf16" else torch.float16
-            return torch.autocast(device_type="cuda", dtype=dtype)
+            return torch.autocast(device_type=config.device, dtype=dtype)
         return contextlib.nullcontext()
+
+    def training_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """What a training step calls: ``model`` itself, or with ``compile`` its
+        ``torch.compile`` wrapper (default mode). The wrapper is made once per model and
+        process and kept beside it, so a trial that goes back to a compiled config (or
+        stays on one) does not compile again; it shares the model's parameters, so
+        ``model.state_dict()`` (eager keys, no ``_orig_mod.``) is the checkpoint either
+        way. Compiled code is cached on disk under :func:`compile_cache_dir`."""
+        if not self.config.compile:
+            return model
+        with _COMPILED_LOCK:
+            # Kept in the instance dict, not as an attribute nn.Module would register
+            # (that would add ``_orig_mod.`` keys to the model's own state_dict).
+            compiled = model.__dict__.get(_COMPILED_ATTR)
+            if compiled is None:
+                import torch
+
+                use_compile_cache()
+                compiled = torch.compile(model)
+                model.__dict__[_COMPILED_ATTR] = compiled
+        return compiled
 
     def grad_scaler(self, state: Mapping[str, Any] | None = None) -> Any:
         """A ``torch.amp.GradScaler`` for fp16 on cuda, loaded from ``state`` when that
@@ -96,6 +119,35 @@ class AppliedConfig:
         if state:
             scaler.load_state_dict(dict(state))
         return scaler
+
+
+_COMPILED_ATTR = "_pipetune_compiled"
+_COMPILED_LOCK = threading.Lock()
+#: Moves the compile cache (a shared folder in team mode); default under the home.
+COMPILE_CACHE_ENV = "PIPETUNE_COMPILE_CACHE"
+
+
+def compile_cache_dir() -> str:
+    """Where torch.compile keeps what it compiled, across processes and studies:
+    ``$PIPETUNE_COMPILE_CACHE``, else ``compile-cache`` under the pipetune home."""
+    from pipetune.home import pipetune_home
+
+    raw = os.environ.get(COMPILE_CACHE_ENV, "").strip()
+    return raw or str(pipetune_home() / "compile-cache")
+
+
+def use_compile_cache() -> str:
+    """Point inductor's on-disk caches (FX graphs, AOT autograd, kernels) at
+    :func:`compile_cache_dir`, unless the process already set
+    ``TORCHINDUCTOR_CACHE_DIR``; return the folder in use. Inductor reads the variable
+    when it first needs the folder, so this must run before the first compile."""
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "").strip()
+    if current:
+        return current
+    folder = compile_cache_dir()
+    os.makedirs(folder, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    return folder
 
 
 def applied_context(system: SystemConfig | AppliedConfig) -> AppliedConfig:

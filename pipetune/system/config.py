@@ -17,8 +17,19 @@ Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 
-#: Knobs that only mean something on a CUDA device.
-CUDA_KNOBS: tuple[str, ...] = ("precision", "tf32", "cudnn_benchmark", "channels_last")
+#: Knobs that only mean something on a CUDA device. ``precision`` and ``channels_last``
+#: work on the CPU too (bf16 only where the processor computes it natively, see
+#: :meth:`SystemConfig.check_machine`; fp16 autocast only on CUDA).
+CUDA_KNOBS: tuple[str, ...] = ("tf32", "cudnn_benchmark")
+#: Knobs with a one-time cost per process and model (``compile``: tracing and code
+#: generation, again for a new input shape) that later epochs earn back, or not: the
+#: tuner weighs it against the epochs a trial has left.
+ONE_TIME_KNOBS: tuple[str, ...] = ("compile",)
+#: CPU flags (``/proc/cpuinfo``) that mean native bf16 arithmetic.
+CPU_BF16_FLAGS: tuple[str, ...] = ("avx512_bf16", "amx_bf16")
+#: Where the CPU flags are read; the environment variable names another file (a
+#: container that hides ``/proc``, or a test that plays another processor).
+CPUINFO_ENV = "PIPETUNE_CPUINFO"
 OMP_WAIT_POLICIES: tuple[str, ...] = ("inherit", "passive", "active")
 #: Knobs the OpenMP runtime reads once, when torch loads: an epoch asking for a value
 #: other than its worker process's needs a worker *started* with it. The Dask backend
@@ -38,6 +49,13 @@ class MachineInfo:
 
     cores: int
     cuda_devices: int = 0
+    #: The processor's feature flags as ``/proc/cpuinfo`` lists them (empty: unknown).
+    cpu_flags: frozenset[str] = frozenset()
+
+    @property
+    def cpu_bf16(self) -> bool:
+        """Whether the CPU computes bf16 natively (:data:`CPU_BF16_FLAGS`)."""
+        return any(f in self.cpu_flags for f in CPU_BF16_FLAGS)
 
     @classmethod
     def detect(cls) -> MachineInfo:
@@ -53,7 +71,22 @@ class MachineInfo:
                 cuda = torch.cuda.device_count()
         except Exception:  # noqa: BLE001 - torch missing or broken CUDA: no GPU
             cuda = 0
-        return cls(cores=cores, cuda_devices=cuda)
+        return cls(cores=cores, cuda_devices=cuda, cpu_flags=read_cpu_flags())
+
+
+def read_cpu_flags(path: str | None = None) -> frozenset[str]:
+    """The ``flags`` of the first processor in ``/proc/cpuinfo`` (or ``$PIPETUNE_CPUINFO``);
+    empty when the file is missing or lists none."""
+    path = path or os.environ.get(CPUINFO_ENV, "").strip() or "/proc/cpuinfo"
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
 
 
 @dataclass(frozen=True)
@@ -69,11 +102,17 @@ class SystemConfig:
     A process knob (:data:`PROCESS_KNOBS`): it needs a worker started with it.
     ``pin_cores``: pin the worker process's threads, for the epoch, to as many cores
     as the config reserves, disjoint from the cores of co-running pinned epochs.
-    ``device``: ``cpu`` or ``cuda``. The remaining knobs are CUDA-only:
-    autocast ``precision``, ``tf32`` matmuls, ``cudnn_benchmark``, ``channels_last``.
+    ``device``: ``cpu`` or ``cuda``. ``precision``: autocast to ``bf16`` (CPU with
+    native bf16, or CUDA) or ``fp16`` (CUDA only); ``fp32`` is no autocast.
+    ``channels_last``: NHWC memory format for 4-d inputs and conv weights.
+    ``compile``: train through ``torch.compile(model)`` (default mode), a one-time
+    cost per process and model (:data:`ONE_TIME_KNOBS`); checkpoints stay the eager
+    model's. CUDA-only: ``tf32`` matmuls, ``cudnn_benchmark``.
 
     >>> SystemConfig(cores=2).replace(dataloader_workers=1).label()
     'cores=2 interop=1 workers=1'
+    >>> SystemConfig(compile=True, channels_last=True).label()
+    'cores=1 interop=1 workers=0 channels_last compiled'
     """
 
     cores: int = 1
@@ -86,6 +125,7 @@ class SystemConfig:
     tf32: bool = False
     cudnn_benchmark: bool = False
     channels_last: bool = False
+    compile: bool = False
 
     def __post_init__(self) -> None:
         for name, (kind, allowed) in _RULES.items():
@@ -106,6 +146,12 @@ class SystemConfig:
                         f"is a CUDA knob; it needs device: cuda (got {getattr(self, name)!r} "
                         f"with device: cpu)",
                     )
+            if self.precision == "fp16":
+                raise SystemConfigError(
+                    "system.precision",
+                    "fp16 autocast needs device: cuda; on the CPU use bf16 (where the "
+                    "processor has native bf16) or fp32",
+                )
 
     # -- conversions -------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -147,8 +193,14 @@ class SystemConfig:
             parts += [
                 "cuda",
                 self.precision,
-                *(k for k in ("tf32", "cudnn_benchmark", "channels_last") if getattr(self, k)),
+                *(k for k in ("tf32", "cudnn_benchmark") if getattr(self, k)),
             ]
+        elif self.precision != "fp32":
+            parts.append(self.precision)
+        if self.channels_last:
+            parts.append("channels_last")
+        if self.compile:
+            parts.append("compiled")
         return " ".join(parts)
 
     def as_metrics(self) -> dict[str, float]:
@@ -165,6 +217,7 @@ class SystemConfig:
             "sys_tf32": float(self.tf32),
             "sys_cudnn_benchmark": float(self.cudnn_benchmark),
             "sys_channels_last": float(self.channels_last),
+            "sys_compile": float(self.compile),
         }
 
     # -- machine checks ----------------------------------------------------------
@@ -180,6 +233,16 @@ class SystemConfig:
             raise SystemConfigError(
                 f"{where}.device", "cuda requested but no CUDA device is available here"
             )
+        if self.device == "cpu" and self.precision == "bf16" and not machine.cpu_bf16:
+            raise SystemConfigError(
+                f"{where}.precision",
+                "bf16 on the CPU needs native bf16 (CPU flag "
+                f"{' or '.join(CPU_BF16_FLAGS)}), which this processor lacks; use fp32",
+            )
+
+    def one_time_knobs(self) -> tuple[str, ...]:
+        """The knobs of :data:`ONE_TIME_KNOBS` this config turns on."""
+        return tuple(k for k in ONE_TIME_KNOBS if getattr(self, k) != _DEFAULTS[k])
 
 
 KNOBS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(SystemConfig))
@@ -197,6 +260,7 @@ _RULES: dict[str, tuple[str, Any]] = {
     "tf32": ("bool", None),
     "cudnn_benchmark": ("bool", None),
     "channels_last": ("bool", None),
+    "compile": ("bool", None),
 }
 assert tuple(_RULES) == KNOBS, "every knob has exactly one rule"
 

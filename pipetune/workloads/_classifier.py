@@ -163,9 +163,10 @@ class TorchClassifierWorkload(Workload):
     - ``_build_optimizer(model, hparams)``: the ``torch.optim.Optimizer``;
     - ``_before_epoch(system, steps)`` and ``_after_step()`` (optional): called
       around the loop;
-    - ``_loss(outputs, targets)``, ``_to_device(x, y, device, memory_format)`` and
-      ``_batch_len(targets)`` (optional): the loop's loss (cross-entropy), how a
-      batch reaches the device, and how many samples it holds.
+    - ``_loss(outputs, targets)``, ``_to_device(x, y, device, memory_format)``,
+      ``_batch_len(targets)`` and ``_step_model(model, ctx)`` (optional): the loop's
+      loss (cross-entropy), how a batch reaches the device, how many samples it holds,
+      and what a step calls (the model, compiled under ``system.compile``).
 
     Unknown params raise :class:`SpecError` on ``workload.params.<name>``, unknown
     or out-of-range hyperparameters on ``hyperparameters.<name>``. For anything the
@@ -321,6 +322,11 @@ class TorchClassifierWorkload(Workload):
     def _batch_len(targets: Any) -> int:
         return len(targets)
 
+    def _step_model(self, model: nn.Module, ctx: AppliedConfig) -> Any:
+        """What a training step calls: :meth:`AppliedConfig.training_model` (the model,
+        compiled under ``compile``)."""
+        return ctx.training_model(model)
+
     def train_epoch(
         self, system: AppliedConfig | SystemConfig, on_step: StepHook | None = None
     ) -> TrainStats:
@@ -336,13 +342,14 @@ class TorchClassifierWorkload(Workload):
         scaler = ctx.grad_scaler(self._scaler_state)
         four_d = ctx.memory_format
         model.train()
+        step_model = self._step_model(model, ctx)  # the model, or its compiled wrapper
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         samples = steps = 0
         for x, y in loader:
             x, y = self._to_device(x, y, device, four_d)
             optimizer.zero_grad(set_to_none=True)
             with ctx.autocast():
-                outputs = model(x)
+                outputs = step_model(x)
             loss = self._loss(outputs, y)
             if scaler is not None:
                 scaler.scale(loss).backward()

@@ -15,6 +15,11 @@ knows which config is cheapest before any tuning runs.
 
 Params: ``base_seconds`` (0.0), ``cost_by_knob`` (``{}``), e.g.
 ``{"cores": {"1": 0.3, "2": 0.1}, "dataloader_workers": {"1": 0.05}}``;
+``one_time_by_knob`` (``{}``), the same shape: seconds slept once, in the first
+step, the first time a trial's workload (in one process) trains under that value,
+e.g. ``{"compile": {"true": 2.0}}``: a compile with a known price. The ``compile``
+knob itself is only simulated here (the model is never really compiled), so a test
+knows exactly what it costs;
 ``fail_at_epoch`` (None): ``train_epoch`` raises :class:`RuntimeError` when asked
 to train that epoch (1-based; the epoch counter is part of the checkpoint, so
 this works across processes); ``train_samples`` (512), ``val_samples`` (256),
@@ -84,6 +89,7 @@ class SyntheticWorkload(TorchClassifierWorkload):
     param_defaults: ClassVar[dict[str, Any]] = {
         "base_seconds": 0.0,
         "cost_by_knob": {},
+        "one_time_by_knob": {},
         "fail_at_epoch": None,
         "train_samples": 512,
         "val_samples": 256,
@@ -95,6 +101,8 @@ class SyntheticWorkload(TorchClassifierWorkload):
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
         self._sleep_per_step = 0.0
+        self._first_step_sleep = 0.0
+        self._paid: set[tuple[str, str]] = set()
 
     def _check_params(self) -> None:
         s = self.settings
@@ -102,30 +110,21 @@ class SyntheticWorkload(TorchClassifierWorkload):
         if not _non_negative(base):
             raise SpecError("workload.params.base_seconds", f"must be a number >= 0, got {base!r}")
         s["base_seconds"] = float(base)
-        costs = s["cost_by_knob"] or {}
-        if not isinstance(costs, Mapping):
-            raise SpecError(
-                "workload.params.cost_by_knob",
-                f"must map knob names to {{value: seconds}}, got {type(costs).__name__}",
-            )
-        normalised: dict[str, dict[str, float]] = {}
-        for knob, table in costs.items():
-            where = f"workload.params.cost_by_knob.{knob}"
-            if knob not in KNOBS:
-                raise SpecError(where, f"unknown knob; allowed: {', '.join(KNOBS)}")
-            if not isinstance(table, Mapping):
-                raise SpecError(where, "must map knob values to seconds, e.g. {1: 0.3, 2: 0.1}")
-            normalised[knob] = {}
-            for value, seconds in table.items():
-                if not _non_negative(seconds):
-                    raise SpecError(f"{where}.{value}", f"must be a number >= 0, got {seconds!r}")
-                normalised[knob][_key(value)] = float(seconds)
-        s["cost_by_knob"] = normalised
+        for param in ("cost_by_knob", "one_time_by_knob"):
+            s[param] = _knob_table(s[param], param)
         self._int_param("fail_at_epoch")
         for name in ("train_samples", "val_samples", "features"):
             self._int_param(name, optional=False)
         self._int_param("classes", minimum=2, optional=False)
         self._int_param("data_seed", minimum=0, optional=False)
+
+    def one_time_seconds(self, system: SystemConfig) -> float:
+        """Seconds ``system`` costs once per trial workload (``one_time_by_knob``)."""
+        return sum(table.get(_key(getattr(system, knob)), 0.0)
+                   for knob, table in self.settings["one_time_by_knob"].items())
+
+    def _step_model(self, model: Any, ctx: Any) -> Any:
+        return model  # compile is simulated by one_time_by_knob and cost_by_knob
 
     def sleep_seconds(self, system: SystemConfig) -> float:
         """Seconds slept per epoch under ``system`` (the formula in the module doc)."""
@@ -162,10 +161,40 @@ class SyntheticWorkload(TorchClassifierWorkload):
         if self.settings["fail_at_epoch"] == upcoming:
             raise RuntimeError(f"synthetic workload: planned failure at epoch {upcoming}")
         self._sleep_per_step = self.sleep_seconds(system) / max(steps, 1)
+        self._first_step_sleep = 0.0
+        for knob, table in self.settings["one_time_by_knob"].items():
+            key = (knob, _key(getattr(system, knob)))
+            if key not in self._paid:
+                self._paid.add(key)
+                self._first_step_sleep += table.get(key[1], 0.0)
 
     def _after_step(self) -> None:
-        if self._sleep_per_step > 0:
-            time.sleep(self._sleep_per_step)
+        extra, self._first_step_sleep = self._first_step_sleep, 0.0
+        if self._sleep_per_step + extra > 0:
+            time.sleep(self._sleep_per_step + extra)
+
+
+def _knob_table(costs: Any, param: str) -> dict[str, dict[str, float]]:
+    """``costs`` (knob -> {value: seconds}) checked, values' keys normalised."""
+    costs = costs or {}
+    if not isinstance(costs, Mapping):
+        raise SpecError(
+            f"workload.params.{param}",
+            f"must map knob names to {{value: seconds}}, got {type(costs).__name__}",
+        )
+    normalised: dict[str, dict[str, float]] = {}
+    for knob, table in costs.items():
+        where = f"workload.params.{param}.{knob}"
+        if knob not in KNOBS:
+            raise SpecError(where, f"unknown knob; allowed: {', '.join(KNOBS)}")
+        if not isinstance(table, Mapping):
+            raise SpecError(where, "must map knob values to seconds, e.g. {1: 0.3, 2: 0.1}")
+        normalised[knob] = {}
+        for value, seconds in table.items():
+            if not _non_negative(seconds):
+                raise SpecError(f"{where}.{value}", f"must be a number >= 0, got {seconds!r}")
+            normalised[knob][_key(value)] = float(seconds)
+    return normalised
 
 
 def _non_negative(value: Any) -> bool:
