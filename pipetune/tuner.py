@@ -282,22 +282,22 @@ class SystemTuner:
                                       inputs={"sure_epochs": horizon})
         deferred = [c for c in self._candidates
                     if c.one_time_knobs() and c not in {o.system for o in history}]
+        not_yet = (f"; {', '.join(describe_change(self.default, c) for c in deferred)} "
+                   f"not probed: {horizon} sure epoch(s) < {MIN_ONE_TIME_HORIZON} to earn a "
+                   "one-time cost back") if deferred else ""
 
         best = self.best_observed(history)
         if best is None:
             return TuningDecision(
-                history[0].system, Phase.TRAIN, None, None, f"{why}; nothing probed: default"
+                history[0].system, Phase.TRAIN, None, None,
+                f"{why}; nothing probed: default{not_yet}", inputs={"sure_epochs": horizon},
             )
         config, cost = best
         reason = (
             f"train: best of {len({o.system for o in probed}) + 1} configs observed: "
             f"{describe_change(self.default, config)} (steady cost {cost:.4g}, "
-            f"default {history[0].steady_cost:.4g})"
+            f"default {history[0].steady_cost:.4g}){not_yet}"
         )
-        if deferred:
-            reason += (f"; {', '.join(describe_change(self.default, c) for c in deferred)} "
-                       f"not probed: {horizon} sure epoch(s) < {MIN_ONE_TIME_HORIZON} to earn "
-                       "a one-time cost back")
         inputs = {"sure_epochs": horizon, "steady_cost": cost,
                   "default_steady_cost": history[0].steady_cost}
         if history[-1].phase is not Phase.PROBE or not math.isfinite(cost):

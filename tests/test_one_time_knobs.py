@@ -1,0 +1,242 @@
+"""Knobs with a one-time cost (``compile``) and the CPU knobs that go with them
+(channels_last, bf16): known answers for the tuner's projection, a real study on a
+workload whose one-time cost and speed-up are known, checkpoints that move between
+compiled and eager, and the refusal of bf16 where the processor lacks it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from known import synthetic_job
+
+from pipetune.checkpoints import CheckpointStore
+from pipetune.groundtruth import GroundTruth
+from pipetune.profiler.profile import EpochMeasurement, Profile
+from pipetune.schedulers import ASHAScheduler
+from pipetune.spec import JobSpec
+from pipetune.states import GroundTruthMatch, Phase
+from pipetune.study import Study, run_study_locally
+from pipetune.system.config import MachineInfo, SystemConfig
+from pipetune.tuner import MIN_ONE_TIME_HORIZON, EpochObservation, SystemTuner
+
+ROOT = Path(__file__).resolve().parents[1]
+MACHINE = MachineInfo(cores=2)
+DEFAULT = SystemConfig()
+COMPILED = DEFAULT.replace(compile=True)
+SAMPLES = 1000
+
+
+def obs(epoch, phase, system, steady, one_time=0.0):
+    """An epoch of SAMPLES samples at ``steady`` s/sample plus ``one_time`` s once."""
+    return EpochObservation(epoch, phase, system, cost=steady + one_time / SAMPLES,
+                            steady=steady, one_time=one_time, samples=SAMPLES)
+
+
+def hit(one_time, speedup, config=COMPILED):
+    return GroundTruthMatch(True, config, 0.005, 0, 0, 0.5, 2.0, 3, "similar",
+                            one_time=one_time, speedup=speedup)
+
+
+# -- the policy, known answers ---------------------------------------------------------------
+
+def test_an_unknown_one_time_knob_is_probed_only_when_the_trial_is_sure_to_run_long_enough():
+    tuner = SystemTuner(DEFAULT, {"compile": [False, True]}, machine=MACHINE)
+    first = [obs(1, "profile", DEFAULT, 0.01)]
+    short = tuner.next_epoch(first, epochs_left=8, match=None, sure_epochs=2)
+    assert short.phase is Phase.TRAIN and short.system == DEFAULT
+    assert "compile=True not probed" in short.reason
+    long = tuner.next_epoch(first, epochs_left=8, match=None, sure_epochs=MIN_ONE_TIME_HORIZON)
+    assert long.phase is Phase.PROBE and long.system == COMPILED
+    # A trial that trained on (short horizon) and then passed a rung probes it then.
+    trained = [*first, obs(2, "train", DEFAULT, 0.01)]
+    later = tuner.next_epoch(trained, epochs_left=7, match=None, sure_epochs=6)
+    assert later.phase is Phase.PROBE and later.system == COMPILED
+
+
+def test_after_probing_the_steady_rate_decides_and_the_one_time_figures_are_recorded():
+    tuner = SystemTuner(DEFAULT, {"compile": [True]}, machine=MACHINE)
+    history = [obs(1, "profile", DEFAULT, 0.010, one_time=0.4),
+               obs(2, "probe", COMPILED, 0.005, one_time=6.0)]
+    decision = tuner.next_epoch(history, epochs_left=1, match=None, sure_epochs=1)
+    # The compile is paid already: from here on only the steady rate counts.
+    assert decision.system == COMPILED and decision.record == COMPILED
+    assert decision.record_cost == pytest.approx(0.005)
+    assert decision.record_one_time == pytest.approx(6.0)
+    assert decision.record_speedup == pytest.approx(2.0)
+    slower = [history[0], obs(2, "probe", COMPILED, 0.012, one_time=6.0)]
+    assert tuner.next_epoch(slower, epochs_left=1, match=None).system == DEFAULT
+
+
+@pytest.mark.parametrize(("sure", "compiles"), [(1, False), (2, True), (6, True)])
+def test_a_known_compile_is_applied_exactly_when_the_sure_epochs_earn_it_back(sure, compiles):
+    # Default 0.01 s/sample x 1000 samples = 10 s per epoch; compiled 2x faster saves 5 s
+    # per epoch; the compile costs 8 s once: one epoch does not pay, two do.
+    tuner = SystemTuner(DEFAULT, {"compile": [True]}, machine=MACHINE)
+    history = [obs(1, "profile", DEFAULT, 0.01)]
+    decision = tuner.next_epoch(history, epochs_left=8, match=hit(8.0, 2.0), sure_epochs=sure)
+    assert decision.phase is Phase.TRAIN
+    assert decision.system == (COMPILED if compiles else DEFAULT)
+    assert decision.inputs["gain"] == pytest.approx(5.0 * sure)
+    assert ("pays" if compiles else "does not pay") in decision.reason
+
+
+def test_a_reused_config_slower_than_the_trials_own_default_falls_back_to_probing():
+    tuner = SystemTuner(DEFAULT, {"compile": [True], "channels_last": [True]}, machine=MACHINE)
+    match = hit(1.0, 2.0)
+    history = [obs(1, "profile", DEFAULT, 0.01)]
+    assert tuner.next_epoch(history, epochs_left=5, match=match).system == COMPILED
+    # Here the reused compile ran 1.5x slower than this trial's default (another model).
+    history.append(obs(2, "train", COMPILED, 0.015, one_time=3.0))
+    decision = tuner.next_epoch(history, epochs_left=4, match=match, sure_epochs=4)
+    assert decision.phase is Phase.PROBE and "ran 1.50x this trial's default" in decision.reason
+    assert decision.system == DEFAULT.replace(channels_last=True)
+    # Within 10% of the default, the reuse stands.
+    fine = [history[0], obs(2, "train", COMPILED, 0.0105, one_time=3.0)]
+    assert tuner.next_epoch(fine, epochs_left=4, match=match).system == COMPILED
+
+
+def test_the_scheduler_says_how_many_epochs_are_sure():
+    asha = ASHAScheduler(min_epochs=1, max_epochs=9, reduction_factor=3)
+    assert [asha.sure_epochs(n) for n in (1, 2, 3, 5, 8)] == [2, 1, 6, 4, 1]
+
+
+def test_a_measurement_splits_its_one_time_part_from_its_steady_rate():
+    m = EpochMeasurement(
+        wall_s=12.0, samples=1000, steps=10, cpu_s=12.0, cpu_util=1.0, peak_rss_mb=1.0,
+        ctx_switches=0, page_faults=0, energy_j=120.0, energy_source="estimate",
+        counters_source="psutil", op_mix={}, counters={}, overhead_s=0.0,
+        profile=Profile({}), one_time_s=2.0, steady_step_s=1.0)
+    assert m.cost("time") == pytest.approx(0.012)
+    assert m.steady_cost("time") == pytest.approx(0.010)
+    assert m.one_time_cost("energy") == pytest.approx(20.0)
+    assert m.steady_cost("energy") == pytest.approx(0.1)
+
+
+# -- a real study on a workload whose one-time cost is known ------------------------------
+
+def one_time_job(name, max_epochs, trials=1):
+    job = synthetic_job(name, seed=3, trials=trials)
+    job["workload"]["params"].update(
+        train_samples=256, val_samples=64,
+        # Eager epochs sleep 0.8 s; compiled ones 0.1 s after a 1.2 s compile, paid once
+        # per trial: worth it from the second compiled epoch on.
+        cost_by_knob={"compile": {"false": 0.8, "true": 0.1}},
+        one_time_by_knob={"compile": {"true": 1.2}},
+    )
+    job["system"] = {"default": {"cores": 1}, "space": {"compile": [False, True]}}
+    job["early_stopping"] = {"policy": "none", "max_epochs": max_epochs}
+    return job
+
+
+def run_job(tmp_path, job, gt=None):
+    spec = JobSpec.from_dict(job, machine=MACHINE)
+    study = Study(spec, study_id=job["name"], checkpoints=CheckpointStore(tmp_path / "ck"),
+                  ground_truth=gt, core_budget=1, machine=MACHINE)
+    return run_study_locally(study)
+
+
+def test_a_study_compiles_the_trial_that_can_earn_it_back_and_not_the_short_one(tmp_path):
+    long = run_job(tmp_path / "long", one_time_job("long", max_epochs=4))
+    trial = long.trials[0]
+    assert [(r.phase.value, r.system.compile) for r in trial.results] == [
+        ("profile", False), ("probe", True), ("train", True), ("train", True)]
+    probe = trial.results[1].measurement
+    assert probe.one_time_s == pytest.approx(1.2, abs=0.35)   # the known compile
+    assert trial.history[1].steady < trial.history[0].steady / 2
+    short = run_job(tmp_path / "short", one_time_job("short", max_epochs=2))
+    assert [r.system.compile for r in short.trials[0].results] == [False, False]
+    assert "not probed" in short.trials[0].decisions[-1].reason
+
+
+def test_the_ground_truth_carries_the_compile_to_a_recurring_job_without_a_probe(tmp_path):
+    gt = GroundTruth(tmp_path / "gt.json")
+    first = run_job(tmp_path / "a", one_time_job("first", max_epochs=4), gt)
+    assert first.trials[0].recorded == COMPILED
+    (entry,) = gt.entries()
+    assert entry.config == COMPILED and entry.one_time == pytest.approx(1.2, abs=0.35)
+    assert entry.speedup > 2
+    again = run_job(tmp_path / "b", one_time_job("again", max_epochs=3), gt)
+    trial = again.trials[0]
+    assert trial.match is not None and trial.match.hit
+    # No probe: two sure epochs at the recorded speed-up earn the recorded compile back.
+    assert [(r.phase.value, r.system.compile) for r in trial.results] == [
+        ("profile", False), ("train", True), ("train", True)]
+
+
+# -- real compile: checkpoints move between compiled and eager -----------------------------
+
+def test_a_compiled_trials_checkpoint_is_an_eager_one_and_continues_either_way(tmp_path):
+    from pipetune.system.apply import applied_context
+    from pipetune.workloads import resolve_workload
+
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    make = resolve_workload("synthetic")
+    hparams, params = {"lr": 0.05, "batch_size": 64}, {"train_samples": 256, "val_samples": 64}
+
+    class Compiling(make):  # the synthetic model, really compiled (not simulated)
+        def _step_model(self, model, ctx):
+            return ctx.training_model(model)
+
+    compiled = Compiling(**params)
+    compiled.setup(hparams, seed=7)
+    eager = make(**params)
+    eager.setup(hparams, seed=7)
+    compiled.train_epoch(applied_context(COMPILED))
+    eager.train_epoch(applied_context(DEFAULT))
+    state = compiled.state_dict()
+    assert set(state["model"]) == set(eager.state_dict()["model"])
+    assert not any(k.startswith("_orig_mod.") for k in state["model"])
+    for a, b in zip(state["model"].values(), eager.state_dict()["model"].values(), strict=True):
+        assert (a - b).abs().max().item() < 1e-4  # the same training, compiled
+    CheckpointStore.save(compiled, str(tmp_path / "c.pt"))
+    resumed = make(**params)          # compiled checkpoint, continued eagerly
+    resumed.setup(hparams, seed=7)
+    CheckpointStore.load(resumed, str(tmp_path / "c.pt"))
+    assert resumed.epoch == 1
+    assert resumed.train_epoch(applied_context(DEFAULT)).samples == 256
+    CheckpointStore.save(eager, str(tmp_path / "e.pt"))
+    back = Compiling(**params)        # eager checkpoint, continued compiled
+    back.setup(hparams, seed=7)
+    CheckpointStore.load(back, str(tmp_path / "e.pt"))
+    stats = back.train_epoch(applied_context(COMPILED))
+    assert back.epoch == 2 and stats.samples == 256 and stats.loss == stats.loss
+
+
+def test_bf16_and_channels_last_train_on_the_cpu_where_bf16_is_native():
+    if not MachineInfo.detect().cpu_bf16:
+        pytest.skip("this processor has no native bf16")
+    from pipetune.system.apply import applied_context
+    from pipetune.workloads import resolve_workload
+
+    w = resolve_workload("lenet5")(train_samples=128, val_samples=64)
+    w.setup({"lr": 0.05, "batch_size": 32}, seed=1)
+    ctx = applied_context(DEFAULT.replace(precision="bf16", channels_last=True))
+    stats = w.train_epoch(ctx)
+    assert stats.samples == 128 and stats.loss == stats.loss
+    assert 0.0 <= w.evaluate(ctx)["accuracy"] <= 1.0
+
+
+def test_bf16_on_a_cpu_without_it_is_refused_before_anything_is_recorded(tmp_path):
+    job = one_time_job("bf16", max_epochs=2)
+    job["system"] = {"default": {"cores": 1, "precision": "bf16"}}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f\n")
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PIPETUNE_HOME=str(tmp_path / "home"), PIPETUNE_CPUINFO=str(cpuinfo))
+    proc = subprocess.run([sys.executable, "-m", "pipetune", "tune", str(path)], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    # The server starts while the job is checked; the refusal is one line.
+    (line,) = [x for x in proc.stderr.splitlines() if not x.startswith("starting a local")]
+    assert line.startswith("error:")
+    assert "system.default.precision" in line and "avx512_bf16 or amx_bf16" in line
+    assert not (tmp_path / "mlflow.db").exists()
+    assert not (tmp_path / "home" / "studies").exists()
