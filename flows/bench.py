@@ -82,17 +82,25 @@ def run_study(
     return summary, study
 
 
-OPTUNA_PLAIN = "optuna-plain"
+OPTUNA = ("optuna-plain", "optuna-compiled")
 
 
-def run_optuna_plain(spec: JobSpec, out: Path, *, cores: int) -> StrategyResult:
-    """The user's alternative, in a fresh process so its whole-process time is honest."""
+def run_optuna_plain(spec: JobSpec, out: Path, *, cores: int,
+                     name: str = "optuna-plain") -> StrategyResult:
+    """The user's alternative, in a fresh process so its whole-process time is honest;
+    compiling (``optuna-compiled``) into a fresh compile cache of its own."""
+    import os
+
     from pipetune.bench import result_from_optuna
     from pipetune.bench_optuna import run_subprocess
 
-    job_file = out / "optuna-plain-job.json"
+    job_file = out / f"{name}-job.json"
     job_file.write_text(json.dumps(spec.to_dict()))  # JSON is YAML: load_spec reads it
-    return result_from_optuna(run_subprocess(job_file, n_jobs=cores))
+    cache = out / f"compile-cache-{name}"
+    shutil.rmtree(cache, ignore_errors=True)
+    env = {k: v for k, v in os.environ.items() if k != "PIPETUNE_SET_INDUCTOR_CACHE"}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    return result_from_optuna(run_subprocess(job_file, n_jobs=cores, env=env), name)
 
 
 def run_bench(
@@ -129,13 +137,16 @@ def run_bench(
     try:
         for name in strategies:
             spec = strategy_spec(name, job.spec, machine)
+            if spec.pipetune.enabled:  # cold compiles into a fresh cache, warm reuses it
+                spec = spec.model_copy(update={"pipetune": spec.pipetune.model_copy(
+                    update={"compile_cache": f"bench-{tracker.run_id[:12]}"})})
             if GROUNDTRUTH_USE[name] == "fresh" and groundtruth.exists():
                 groundtruth.unlink()
             _say(f"{name}: {spec.search.trials} trials, default [{spec.system.default.label()}],"
                  f" max_concurrent {spec.search.max_concurrent}, pipetune "
                  f"{'on' if spec.pipetune.enabled else 'off'}")
-            if name == OPTUNA_PLAIN:
-                result = run_optuna_plain(spec, out, cores=machine.cores)
+            if name in OPTUNA:
+                result = run_optuna_plain(spec, out, cores=machine.cores, name=name)
             else:
                 call_started = time.time()
                 summary, study = run_study(

@@ -49,6 +49,8 @@ class EpochTask:
     timeout_s: float | None = None
     #: Train and evaluate with torch's deterministic algorithms (``workload.deterministic``).
     deterministic: bool = False
+    #: The compile cache's name (``pipetune.compile_cache``; empty: the shared one).
+    compile_cache: str = ""
 
     @property
     def name(self) -> str:
@@ -187,6 +189,10 @@ def run_epoch(task: EpochTask, live: LiveTrials | None = None, address: str = ""
         watts_per_core=task.profiler.watts_per_core,
         device=task.system.device,
     )
+    if task.system.compile:
+        from pipetune.system.apply import use_compile_cache
+
+        use_compile_cache(task.compile_cache)
     setup_done = time.time()
     with deterministic_algorithms(task.deterministic, task.system.device), \
             applied_system_config(task.system, task.cpus) as applied:

@@ -169,6 +169,7 @@ class Study:
             profiler=self.spec.profiler,
             timeout_s=self.spec.workload.epoch_timeout_s,
             deterministic=self.spec.workload.deterministic,
+            compile_cache=self.spec.pipetune.compile_cache,
         )
 
     def final_task(self, trial: Trial) -> EpochTask:

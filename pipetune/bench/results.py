@@ -103,11 +103,11 @@ def result_from_study(
     )
 
 
-def result_from_optuna(result: Any) -> StrategyResult:
+def result_from_optuna(result: Any, strategy: str = "optuna-plain") -> StrategyResult:
     """A :class:`StrategyResult` from :class:`pipetune.bench_optuna.OptunaPlainResult`:
     no probes, no ground truth, no orchestration; energy not metered."""
     return StrategyResult(
-        strategy="optuna-plain",
+        strategy=strategy,
         tuning_wall_s=float(result.tuning_wall_s),
         best_value=result.best_value,
         best_params=result.best_params,
@@ -190,6 +190,22 @@ class BenchResult:
     def oracle_best_s(self) -> float | None:
         return min((o.train_s for o in self.oracle), default=None)
 
+    @staticmethod
+    def per_epoch_s(s: StrategyResult) -> float | None:
+        """Whole-process seconds per epoch trained: comparable where strategies train
+        different numbers of epochs (early stopping, probes)."""
+        if s.process_wall_s is None or not s.epochs_run:
+            return None
+        return s.process_wall_s / s.epochs_run
+
+    @property
+    def optuna_best_per_epoch(self) -> float | None:
+        """The better of optuna-plain's and optuna-compiled's seconds per epoch."""
+        runs = [self.per_epoch_s(s) for s in (self.get("optuna-plain"),
+                                              self.get("optuna-compiled")) if s is not None]
+        runs = [r for r in runs if r is not None]
+        return min(runs) if runs else None
+
     def table(self) -> list[dict[str, Any]]:
         """One row per strategy with the ratios (``nan`` when a side is missing)."""
         ref = self.get(REFERENCE)
@@ -206,6 +222,8 @@ class BenchResult:
                 "tuning_vs_optuna": _ratio(s.tuning_wall_s,
                                            plain.tuning_wall_s if plain else None),
                 "tuning_vs_v1": _ratio(s.tuning_wall_s, ref.tuning_wall_s if ref else None),
+                "process_s_per_epoch": self.per_epoch_s(s),
+                "per_epoch_vs_optuna_best": _ratio(self.per_epoch_s(s), self.optuna_best_per_epoch),
                 f"best_{self.metric}": s.best_value,
                 "epochs_run": s.epochs_run,
                 "probe_epochs": s.probe_epochs,
@@ -237,6 +255,13 @@ class BenchResult:
             r = cold.tuning_wall_s / plain.tuning_wall_s
             add(f"PipeTune cold tuning time <= {self.optuna_target:g} x optuna-plain",
                 f"{r:.2f} x", r <= self.optuna_target)
+        best_optuna = self.optuna_best_per_epoch
+        for s, target in ((cold, 1.0), (warm, 0.85)):
+            mine = self.per_epoch_s(s) if s else None
+            if mine is not None and best_optuna:
+                r = mine / best_optuna
+                add(f"{s.strategy} s/epoch <= {target:g} x the better of optuna-plain and "
+                    "optuna-compiled", f"{r:.2f} x", r <= target)
         if cold and warm:
             r = warm.tuning_wall_s / cold.tuning_wall_s
             add("PipeTune warm <= 0.9 x PipeTune cold", f"{r:.2f} x", r <= 0.9)

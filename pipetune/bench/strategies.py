@@ -35,6 +35,7 @@ from pipetune.system.config import KNOBS, MachineInfo
 #: Tuning strategies in the order the bench runs them (the oracle comes last).
 STRATEGIES: tuple[str, ...] = (
     "optuna-plain",
+    "optuna-compiled",
     "v1-default",
     "v1-one-core",
     "v2",
@@ -47,6 +48,7 @@ REFERENCE = "v1-default"
 #: How each strategy uses the ground truth: none, a fresh (empty) one, or the cold run's.
 GROUNDTRUTH_USE: dict[str, str] = {
     "optuna-plain": "none",
+    "optuna-compiled": "none",
     "v1-default": "none",
     "v1-one-core": "none",
     "v2": "none",
@@ -75,9 +77,11 @@ def strategy_spec(name: str, base: JobSpec, machine: MachineInfo) -> JobSpec:
     PipeTune job as written."""
     data = base.to_dict()
     default = data["system"]["default"]
-    if name == "optuna-plain":
+    if name in ("optuna-plain", "optuna-compiled"):
         data["pipetune"]["enabled"] = False
         data["search"]["max_concurrent"] = machine.cores
+        if name == "optuna-compiled":  # an expert's fixed rule: compile every trial
+            data["system"]["default"] = {**default, "compile": True}
     elif name == "v1-default":
         data["pipetune"]["enabled"] = False
         data["system"]["default"] = {**default, "cores": machine.cores}

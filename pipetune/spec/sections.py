@@ -268,6 +268,10 @@ class PipetuneSpec(_Section):
     probe_plan: Literal["one_knob"] = "one_knob"
     max_probes: int | None = Field(None, ge=1)
     similarity: SimilaritySpec = Field(default_factory=SimilaritySpec)
+    #: Which compile cache epochs under ``compile`` use: empty, the shared one
+    #: (``compile-cache`` under the pipetune home, or ``$PIPETUNE_COMPILE_CACHE``); a
+    #: name, a folder of that name inside it (the bench gives each strategy its own).
+    compile_cache: str = Field("", max_length=64, pattern=r"^[A-Za-z0-9_.-]*$")
 
 
 class ProfilerSpec(_Section):

@@ -103,7 +103,8 @@ class AppliedConfig:
             if compiled is None:
                 import torch
 
-                use_compile_cache()
+                if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+                    use_compile_cache()
                 compiled = torch.compile(model)
                 model.__dict__[_COMPILED_ATTR] = compiled
         return compiled
@@ -125,6 +126,7 @@ _COMPILED_ATTR = "_pipetune_compiled"
 _COMPILED_LOCK = threading.Lock()
 #: Moves the compile cache (a shared folder in team mode); default under the home.
 COMPILE_CACHE_ENV = "PIPETUNE_COMPILE_CACHE"
+_OWN_CACHE_ENV = "PIPETUNE_SET_INDUCTOR_CACHE"
 
 
 def compile_cache_dir() -> str:
@@ -136,17 +138,20 @@ def compile_cache_dir() -> str:
     return raw or str(pipetune_home() / "compile-cache")
 
 
-def use_compile_cache() -> str:
+def use_compile_cache(name: str = "") -> str:
     """Point inductor's on-disk caches (FX graphs, AOT autograd, kernels) at
-    :func:`compile_cache_dir`, unless the process already set
-    ``TORCHINDUCTOR_CACHE_DIR``; return the folder in use. Inductor reads the variable
-    when it first needs the folder, so this must run before the first compile."""
-    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "").strip()
-    if current:
-        return current
-    folder = compile_cache_dir()
+    :func:`compile_cache_dir` (its subfolder ``name`` when given); return the folder.
+    Without a name, a ``TORCHINDUCTOR_CACHE_DIR`` the process was started with is
+    kept. Inductor reads the variable whenever it needs the folder, so an epoch sets it
+    before it compiles."""
+    if not name and os.environ.get(_OWN_CACHE_ENV) is None:
+        current = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "").strip()
+        if current:
+            return current
+    folder = os.path.join(compile_cache_dir(), name) if name else compile_cache_dir()
     os.makedirs(folder, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    os.environ[_OWN_CACHE_ENV] = "1"  # set by us: a later epoch may move it
     return folder
 
 

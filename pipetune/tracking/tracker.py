@@ -173,6 +173,8 @@ class StudyTracker:
             "cpu_util": m.cpu_util,
             "cost_per_sample": result.cost(self.spec.objective.system),
             "profiler_overhead_s": m.overhead_s,
+            "one_time_s": m.one_time_s,
+            "steady_step_s": m.steady_step_s,
             **{k: v for k, v in result.metrics.items()},
             **result.system.as_metrics(),
         }
@@ -183,6 +185,9 @@ class StudyTracker:
             ("energy_source", m.energy_source),
             ("counters_source", m.counters_source),
         ]
+        if len(trial.decisions) >= result.epoch:  # why this epoch ran under its config
+            reason = trial.decisions[result.epoch - 1].reason
+            tags.append((f"epoch.{result.epoch:03d}.decision", reason[:5000]))
         self._sink.send("log", run, metrics, (), tags)
 
     def end_trial(self, trial: Trial, *, metric: str) -> None:
