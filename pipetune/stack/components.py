@@ -354,6 +354,9 @@ class Launcher:
             env["HOME"] = str(home)
             env["PREFECT_HOME"] = str(home / ".prefect")
             env.pop("PIPETUNE_HOME", None)
+            # One compile cache for every worker of the stack: a trial that moves to
+            # another worker, or the next trial of an architecture, reuses its code.
+            env.setdefault("PIPETUNE_COMPILE_CACHE", str(self.dir / "compile-cache"))
             # Not daemonic, so an epoch may start data-loader processes
             # (system.dataloader_workers > 0), as on the embedded cluster.
             env["DASK_DISTRIBUTED__WORKER__DAEMON"] = "False"
