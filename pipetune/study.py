@@ -260,6 +260,7 @@ class Study:
             steady=m.steady_cost(self.objective) * scale,
             one_time=m.one_time_cost(self.objective) * scale,
             samples=m.samples,
+            wall_steady=m.steady_cost("time"),
         )
 
     def _cost_scale(self, result: EpochResult) -> float:
@@ -314,7 +315,19 @@ class Study:
         return self.tuner.next_epoch(
             trial.history, epochs_left=self.max_epochs - trial.epochs_run, match=trial.match,
             sure_epochs=self.scheduler.sure_epochs(trial.epochs_run),
+            alone_cores=self._idle_cores_for(trial),
         )
+
+    def _idle_cores_for(self, trial: Trial) -> int | None:
+        """All the cores, when ``trial`` is the only one running and no trial is left to
+        start (nothing would wait for them); else None."""
+        if self.objective != "time" or self._queue:
+            return None
+        if not (self._searcher_exhausted or len(self.trials) >= self.spec.search.trials):
+            return None
+        others = [t for t in self.trials.values()
+                  if t.state == TrialState.RUNNING and t.trial_id != trial.trial_id]
+        return None if others else self.core_budget
 
     def apply_decision(self, trial_id: int, decision: TuningDecision) -> EpochTask:
         """Queue the trial's next epoch under ``decision``; record the best config if told."""

@@ -22,6 +22,7 @@ One trial, PipeTune-style::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -78,6 +79,8 @@ class EpochObservation:
     steady: float | None = None
     one_time: float = 0.0
     samples: int = 0
+    #: Steady wall seconds per sample, whatever the objective (None: not measured).
+    wall_steady: float | None = None
 
     @property
     def steady_cost(self) -> float:
@@ -227,8 +230,16 @@ class SystemTuner:
         epochs_left: int,
         match: GroundTruthMatch | None,
         sure_epochs: int | None = None,
+        alone_cores: int | None = None,
     ) -> TuningDecision:
         """The decision for epoch ``len(history) + 1``.
+
+        ``alone_cores``: the trial runs alone and no trial waits for cores (the tail of
+        an ASHA study, fewer trials than slots), so this many cores would otherwise sit
+        idle. A training epoch then takes them if the trial's own wall-clock
+        measurements say it goes faster: one probe under the wider config, kept only if
+        its steady seconds per sample beat the narrow one's by the margin. Judged by
+        wall time, not core-seconds, and never recorded: it is the situation's choice.
 
         ``history`` holds every finished epoch of the trial in order (epoch 1 first).
         ``match`` is the ground truth's answer for the epoch-1 profile, passed on every
@@ -238,6 +249,50 @@ class SystemTuner:
         rung, see :meth:`~pipetune.schedulers.Scheduler.sure_epochs`); a one-time cost
         must be earned back within it. Default: ``epochs_left``.
         """
+        decision = self._next_epoch(history, epochs_left=epochs_left, match=match,
+                                    sure_epochs=sure_epochs)
+        if (alone_cores is None or decision.phase is not Phase.TRAIN or not self.enabled
+                or alone_cores <= decision.system.cores or epochs_left <= 0):
+            return decision
+        return self._take_idle_cores(history, decision, alone_cores)
+
+    def _take_idle_cores(self, history: Sequence[EpochObservation], decision: TuningDecision,
+                         cores: int) -> TuningDecision:
+        narrow = decision.system
+        wide = narrow.replace(cores=cores)
+        try:
+            wide.check_machine(self.machine)
+        except SystemConfigError:
+            return decision
+
+        def wall(config: SystemConfig) -> float | None:
+            runs = [o.wall_steady for o in history if o.system == config
+                    and o.wall_steady is not None and o.epoch > 1]
+            runs = runs or [o.wall_steady for o in history
+                            if o.system == config and o.wall_steady is not None]
+            return sum(runs) / len(runs) if runs else None
+
+        wide_s, narrow_s = wall(wide), wall(narrow)
+        if wide_s is None:
+            return dataclasses.replace(
+                decision, system=wide, phase=Phase.PROBE, record=None, record_cost=None,
+                reason=f"{decision.reason}; alone with {cores - narrow.cores} idle core(s): "
+                       f"probe cores={cores}")
+        if narrow_s is not None and wide_s < narrow_s * (1.0 - self.warmup_margin):
+            return dataclasses.replace(
+                decision, system=wide,
+                reason=f"{decision.reason}; alone: cores={cores} ({wide_s:.3g} s/sample "
+                       f"against {narrow_s:.3g})")
+        return decision
+
+    def _next_epoch(
+        self,
+        history: Sequence[EpochObservation],
+        *,
+        epochs_left: int,
+        match: GroundTruthMatch | None,
+        sure_epochs: int | None = None,
+    ) -> TuningDecision:
         history = _checked_history(history)
         if not isinstance(epochs_left, int) or epochs_left < 0:
             raise ValueError(f"epochs_left must be an integer >= 0, got {epochs_left!r}")

@@ -240,3 +240,29 @@ def test_bf16_on_a_cpu_without_it_is_refused_before_anything_is_recorded(tmp_pat
     assert "system.default.precision" in line and "avx512_bf16 or amx_bf16" in line
     assert not (tmp_path / "mlflow.db").exists()
     assert not (tmp_path / "home" / "studies").exists()
+
+
+# -- the machine, not only the trial --------------------------------------------------------
+
+def wall_obs(epoch, phase, system, wall_per_sample):
+    steady = wall_per_sample * system.cores  # core-seconds, as a study running side by side
+    return EpochObservation(epoch, phase, system, cost=steady, steady=steady,
+                            samples=SAMPLES, wall_steady=wall_per_sample)
+
+
+def test_a_trial_alone_takes_the_idle_cores_only_if_its_own_wall_time_says_it_goes_faster():
+    tuner = SystemTuner(DEFAULT, {"channels_last": [True]}, machine=MACHINE)
+    two = DEFAULT.replace(cores=2)
+    history = [wall_obs(1, "profile", DEFAULT, 0.010), wall_obs(2, "train", DEFAULT, 0.010)]
+    # With others waiting for cores there is nothing idle to take.
+    assert tuner.next_epoch(history, epochs_left=5, match=None).system == DEFAULT
+    probe = tuner.next_epoch(history, epochs_left=5, match=None, alone_cores=2)
+    assert probe.phase is Phase.PROBE and probe.system == two and probe.record is None
+    # 1.6x faster in wall time (though 1.25x dearer in core-seconds): keep both cores.
+    faster = [*history, wall_obs(3, "probe", two, 0.00625)]
+    kept = tuner.next_epoch(faster, epochs_left=4, match=None, alone_cores=2)
+    assert kept.phase is Phase.TRAIN and kept.system == two
+    # Not faster beyond the margin: back to one core, and no second probe.
+    same = [*history, wall_obs(3, "probe", two, 0.0098)]
+    back = tuner.next_epoch(same, epochs_left=4, match=None, alone_cores=2)
+    assert back.phase is Phase.TRAIN and back.system == DEFAULT
