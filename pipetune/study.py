@@ -450,6 +450,16 @@ class Study:
             if best is not None:
                 one_time, speedup = self.tuner.figures(trial.history, best[0])
                 self._record(trial, *best, one_time=one_time, speedup=speedup)
+        elif state is not TrialState.FAILED and trial.history and trial.match is not None:
+            # It ended right after its first epoch under a reused one-time knob: still
+            # record what that cost (as the next decision would have).
+            last = trial.history[-1]
+            under = [o for o in trial.history if o.system == last.system]
+            if (trial.match.hit and last.system == trial.match.config
+                    and last.system.one_time_knobs() and len(under) == 1):
+                one_time, speedup = self.tuner.figures(trial.history, last.system)
+                self._record(trial, last.system, last.steady_cost, one_time=one_time,
+                             speedup=speedup)
         self.searcher.tell(trial.trial_id, trial.last_value(self.metric), state)
         self.scheduler.on_trial_remove(trial.trial_id)
 

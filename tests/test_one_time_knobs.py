@@ -166,6 +166,11 @@ def test_the_ground_truth_carries_the_compile_to_a_recurring_job_without_a_probe
     # No probe: two sure epochs at the recorded speed-up earn the recorded compile back.
     assert [(r.phase.value, r.system.compile) for r in trial.results] == [
         ("profile", False), ("train", True), ("train", True)]
+    # What the reused compile cost this time is recorded too: the figures follow what
+    # trials pay now (a warm compile cache), not only what the first one paid.
+    assert trial.recorded == COMPILED
+    (entry,) = gt.entries()
+    assert entry.support == 2 and entry.one_time == pytest.approx(1.2, abs=0.35)
 
 
 # -- real compile: checkpoints move between compiled and eager -----------------------------
