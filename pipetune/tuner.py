@@ -319,15 +319,15 @@ class SystemTuner:
         probed = [o for o in later if o.phase is Phase.PROBE]
         rejected = match.config if match is not None and match.hit else None
         trained = any(o.phase is Phase.TRAIN and o.system != rejected for o in later)
+        observed = [o.system for o in history]
+        untried = [c for c in self._candidates if not self._tried(c, observed)]
         if epochs_left > 0:
-            tried = {o.system for o in history}
-            untried = [c for c in self._candidates if c not in tried]
             fits = [c for c in untried
                     if not c.one_time_knobs() or horizon >= MIN_ONE_TIME_HORIZON]
             if trained:  # only a one-time knob deferred for a short horizon is left
                 fits = [c for c in fits if c.one_time_knobs()]
             if fits:
-                nxt = fits[0]
+                nxt = self._on_best(fits[0], history)
                 n = len({o.system for o in probed}) + 1
                 total = n - 1 + len(untried)
                 reason = f"probe {n}/{total}: {describe_change(self.default, nxt)}"
@@ -335,8 +335,7 @@ class SystemTuner:
                     reason += f" ({why})"
                 return TuningDecision(nxt, Phase.PROBE, None, None, reason,
                                       inputs={"sure_epochs": horizon})
-        deferred = [c for c in self._candidates
-                    if c.one_time_knobs() and c not in {o.system for o in history}]
+        deferred = [c for c in untried if c.one_time_knobs()]
         not_yet = (f"; {', '.join(describe_change(self.default, c) for c in deferred)} "
                    f"not probed: {horizon} sure epoch(s) < {MIN_ONE_TIME_HORIZON} to earn a "
                    "one-time cost back") if deferred else ""
@@ -361,6 +360,34 @@ class SystemTuner:
         one_time, speedup = self.figures(history, config)
         return TuningDecision(config, Phase.TRAIN, config, cost, reason + "; record it",
                               inputs=inputs, record_one_time=one_time, record_speedup=speedup)
+
+    @staticmethod
+    def _tried(candidate: SystemConfig, observed: Sequence[SystemConfig]) -> bool:
+        """Whether ``candidate`` ran: itself, or for a one-time knob that knob's value on
+        top of whatever config (see :meth:`_on_best`)."""
+        knobs = candidate.one_time_knobs()
+        if not knobs:
+            return candidate in observed
+        return any(all(getattr(o, k) == getattr(candidate, k) for k in knobs)
+                   for o in observed)
+
+    def _on_best(self, candidate: SystemConfig,
+                 history: Sequence[EpochObservation]) -> SystemConfig:
+        """A one-time knob is probed on top of the best config observed so far (a
+        compile of the config the trial would keep, not of the default); any other
+        candidate as planned. One-time knobs come last in the plan (field order), so
+        the others have been probed by then."""
+        knobs = candidate.one_time_knobs()
+        if not knobs:
+            return candidate
+        best = self.best_observed(history)
+        base = best[0] if best is not None else history[0].system
+        on_top = base.replace(**{k: getattr(candidate, k) for k in knobs})
+        try:
+            on_top.check_machine(self.machine)
+        except SystemConfigError:
+            return candidate
+        return on_top
 
     def _reuse(self, history: list[EpochObservation], config: SystemConfig,
                match: GroundTruthMatch, horizon: int, why: str) -> TuningDecision:

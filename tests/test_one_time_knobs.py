@@ -271,3 +271,14 @@ def test_a_trial_alone_takes_the_idle_cores_only_if_its_own_wall_time_says_it_go
     same = [*history, wall_obs(3, "probe", two, 0.0098)]
     back = tuner.next_epoch(same, epochs_left=4, match=None, alone_cores=2)
     assert back.phase is Phase.TRAIN and back.system == DEFAULT
+
+
+def test_a_one_time_knob_is_probed_on_top_of_the_best_config_so_far():
+    tuner = SystemTuner(DEFAULT, {"channels_last": [True], "compile": [True]}, machine=MACHINE)
+    cl = DEFAULT.replace(channels_last=True)
+    history = [obs(1, "profile", DEFAULT, 0.010), obs(2, "probe", cl, 0.006)]
+    decision = tuner.next_epoch(history, epochs_left=6, match=None, sure_epochs=6)
+    assert decision.phase is Phase.PROBE and decision.system == cl.replace(compile=True)
+    history.append(obs(3, "probe", cl.replace(compile=True), 0.007, one_time=30.0))
+    done = tuner.next_epoch(history, epochs_left=5, match=None, sure_epochs=5)
+    assert done.phase is Phase.TRAIN and done.system == cl and done.record == cl

@@ -347,7 +347,7 @@ def user_module(tmp_path, monkeypatch):
 
 
 def test_resolve_builtins():
-    assert set(BUILTIN_WORKLOADS) == {"lenet5", "textcnn", "synthetic"}
+    assert set(BUILTIN_WORKLOADS) == {"lenet5", "textcnn", "synthetic", "resnet"}
     for name in BUILTIN_WORKLOADS:
         cls = resolve_workload(name)
         assert issubclass(cls, Workload) and cls.name == name

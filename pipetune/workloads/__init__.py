@@ -23,6 +23,7 @@ BUILTIN_WORKLOADS: dict[str, str] = {
     "lenet5": "pipetune.workloads.lenet:LeNet5Workload",
     "textcnn": "pipetune.workloads.textcnn:TextCNNWorkload",
     "synthetic": "pipetune.workloads.synthetic:SyntheticWorkload",
+    "resnet": "pipetune.workloads.resnet:ResNetWorkload",
 }
 
 _LAZY_CLASSES = {
@@ -42,6 +43,7 @@ __all__ = [
     "ClassifierData",
     "HParam",
     "LeNet5Workload",
+    "ResNetWorkload",
     "StepHook",
     "SyntheticWorkload",
     "TextCNNWorkload",
