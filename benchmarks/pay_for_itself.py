@@ -1,0 +1,154 @@
+"""Does pipetune pay for itself? Whole-process seconds per epoch against plain Optuna.
+
+For one job file, in one run, each in a fresh process as a user would start it:
+
+- ``optuna-plain``: ``python -m pipetune.bench_optuna`` (TPE + successive halving,
+  one torch thread per trial, as many trials at once as cores);
+- ``optuna-compiled``: the same, every trial compiled (``system.default.compile``),
+  into a fresh compile cache of its own;
+- ``pipetune-cold``: ``pipetune tune`` with a fresh pipetune home (empty ground truth
+  and compile cache) and a fresh MLflow store;
+- ``pipetune-warm``: ``pipetune tune`` again on the same home (the ground truth and
+  compile cache the cold run left).
+
+Printed per strategy: whole-process seconds, epochs trained, seconds per epoch, its
+ratio to the better Optuna, best accuracy and, for pipetune, the share of the cores
+kept busy over the tuning time (sum over epochs of seconds x cores the epoch reserved,
+over tuning wall x cores) and whole process minus tuning time.
+
+    .venv/bin/python benchmarks/pay_for_itself.py benchmarks/jobs/resnet_mnist.yaml
+    .venv/bin/python benchmarks/pay_for_itself.py benchmarks/jobs/lenet_mnist.yaml --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def job_dict(path: Path) -> dict:
+    """The job as pipetune reads it, the bench section resolved (datasets, fallback)."""
+    from pipetune.bench import load_bench_job
+
+    return load_bench_job(path).spec.to_dict()
+
+
+def env_for(home: Path, cache: Path | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PREFECT_API_URL", "PIPETUNE_SET_INDUCTOR_CACHE",
+                        "TORCHINDUCTOR_CACHE_DIR")}
+    env.update(PIPETUNE_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               MLFLOW_DISABLE_TELEMETRY="true",
+               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120")
+    env.setdefault("PREFECT_HOME", str(home / "prefect"))
+    if cache is not None:
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    return env
+
+
+def run_optuna(job: dict, work: Path, name: str) -> dict:
+    data = json.loads(json.dumps(job))
+    data["pipetune"]["enabled"] = False
+    if name == "optuna-compiled":
+        data["system"]["default"]["compile"] = True
+    path = work / f"{name}.json"
+    path.write_text(json.dumps(data))
+    out = work / f"{name}-result.json"
+    env = env_for(work / f"{name}-home", work / f"{name}-cache")
+    started = time.time()
+    proc = subprocess.run([sys.executable, "-m", "pipetune.bench_optuna", str(path),
+                           "--json", str(out)], env=env, capture_output=True, text=True)
+    wall = time.time() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"{name} failed: {proc.stderr[-2000:]}")
+    result = json.loads(out.read_text())
+    return {"strategy": name, "process_s": wall, "epochs": result["epochs_run"],
+            "best": result["best_value"], "tuning_s": result["tuning_wall_s"]}
+
+
+def run_pipetune(job: dict, work: Path, name: str, home: Path) -> dict:
+    import mlflow
+
+    path = work / "pipetune-job.json"
+    path.write_text(json.dumps(job))
+    db = work / f"{name}.db"
+    uri = f"sqlite:///{db}"
+    env = env_for(home, None)
+    started = time.time()
+    proc = subprocess.run([str(BIN / "pipetune"), "tune", str(path), "--tracking-uri", uri],
+                          env=env, cwd=work, capture_output=True, text=True)
+    wall = time.time() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"{name} failed: {proc.stderr[-2000:]}")
+    client = mlflow.MlflowClient(uri)
+    (exp,) = [e for e in client.search_experiments() if e.name != "Default"]
+    runs = client.search_runs([exp.experiment_id])
+    parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
+    m = parent.data.metrics
+    busy = 0.0
+    for child in (r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id):
+        secs = client.get_metric_history(child.info.run_id, "epoch_seconds")
+        cores = {x.step: x.value for x in client.get_metric_history(child.info.run_id,
+                                                                     "sys_cores")}
+        busy += sum(x.value * cores.get(x.step, 1.0) for x in secs)
+    from pipetune.system.config import MachineInfo
+
+    budget = MachineInfo.detect().cores
+    tuning = m["tuning_wall_s"]
+    return {"strategy": name, "process_s": wall, "epochs": int(m["epochs_run"]),
+            "best": m.get("best_value"), "tuning_s": tuning,
+            "busy": busy / (tuning * budget) if tuning > 0 else float("nan"),
+            "outside_tuning_s": wall - tuning, "probes": int(m["probe_epochs"]),
+            "hits": f"{int(m['groundtruth_hits'])}/{int(m['groundtruth_lookups'])}"}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("job", type=Path)
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--skip", default="", help="comma-separated strategies to leave out")
+    args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    job = job_dict(args.job.resolve())
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="pipetune-pays-") as tmp:
+        work = Path(tmp)
+        for name in ("optuna-plain", "optuna-compiled"):
+            if name not in skip:
+                rows.append(run_optuna(job, work, name))
+                print(json.dumps(rows[-1]), flush=True)
+        home = work / "pipetune-home"
+        for name in ("pipetune-cold", "pipetune-warm"):
+            if name not in skip:
+                rows.append(run_pipetune(job, work, name, home))
+                print(json.dumps(rows[-1]), flush=True)
+    per_epoch = {r["strategy"]: r["process_s"] / r["epochs"] for r in rows if r["epochs"]}
+    optuna = [per_epoch[n] for n in ("optuna-plain", "optuna-compiled") if n in per_epoch]
+    ref = min(optuna) if optuna else None
+    print(f"\n{job['name']}: whole-process seconds per epoch")
+    print(f"{'strategy':16} {'process s':>9} {'epochs':>6} {'s/epoch':>8} {'vs best optuna':>14} "
+          f"{'best acc':>8} {'busy':>5} {'outside tuning s':>16}")
+    for r in rows:
+        pe = per_epoch.get(r["strategy"])
+        ratio = f"{pe / ref:.2f}x" if ref and pe else "-"
+        busy = f"{r['busy']:.0%}" if "busy" in r else "-"
+        outside = f"{r['outside_tuning_s']:.1f}" if "outside_tuning_s" in r else "-"
+        best = f"{r['best']:.4f}" if r["best"] is not None else "-"
+        print(f"{r['strategy']:16} {r['process_s']:9.1f} {r['epochs']:6d} {pe or 0:8.2f} "
+              f"{ratio:>14} {best:>8} {busy:>5} {outside:>16}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
