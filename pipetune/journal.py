@@ -34,7 +34,7 @@ from pipetune.errors import PipetuneError
 
 #: Header states ``--resume`` without a study id picks from (``finished`` is the other).
 UNFINISHED = ("running", "stopped", "failed")
-KINDS = ("start", "result", "failed", "match", "decision")
+KINDS = ("start", "result", "failed", "match", "decision", "unconfirmed")
 
 
 @dataclass(frozen=True)

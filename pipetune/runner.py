@@ -93,6 +93,8 @@ class EpochResult:
     actual: dict[str, Any] = field(default_factory=dict)
     #: ``torch.__version__`` of the process that ran the epoch.
     torch_version: str = ""
+    #: The workload's model graph signature (epoch 1 and profiled epochs; else "").
+    graph: str = ""
 
     def cost(self, objective: str) -> float:
         return self.measurement.cost(objective)
@@ -234,6 +236,8 @@ def run_epoch(task: EpochTask, live: LiveTrials | None = None, address: str = ""
         address=address,
         actual=dict(applied.actual),
         torch_version=_torch_version(),
+        graph=workload.graph_signature() if task.epoch == 1 or task.phase is Phase.PROFILE
+        else "",
     )
 
 

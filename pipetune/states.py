@@ -57,6 +57,9 @@ class GroundTruthMatch:
     #: default; ``None`` when the records predate these figures.
     one_time: float | None = None
     speedup: float | None = None
+    #: Set on an answer for a *known job* (:meth:`GroundTruth.known`): the model graph
+    #: signature its records were made with; a trial's first epoch confirms it.
+    known_graph: str | None = None
 
     def __post_init__(self) -> None:
         if self.hit and self.config is None:

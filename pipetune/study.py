@@ -42,6 +42,14 @@ if TYPE_CHECKING:
 __all__ = ["StepEvent", "Study", "StudyStuck", "StudySummary", "Trial", "run_study_locally"]
 
 
+#: A known job's first epoch confirms its config unless its steady cost is more than
+#: this much above the known one (studies run on machines of varying load).
+KNOWN_MARGIN = 0.25
+#: ... and more than this much per epoch (seconds, or joules): an epoch of milliseconds
+#: varies by more than any margin from one process to the next.
+KNOWN_FLOOR = 0.05
+
+
 class StudyStuck(RuntimeError):
     """The engine has nothing to run and nothing running, yet the study is not done."""
 
@@ -143,6 +151,11 @@ class Study:
         _, trial.fixed_system = split_system_params(trial.params, self.spec.system.default)
         self.trials[trial.trial_id] = trial
         self._log("start", trial.trial_id, trial.params)
+        if (self.spec.pipetune.enabled and self.ground_truth is not None
+                and trial.fixed_system is None and not self._replaying):
+            known = self.ground_truth.known(self.job_key(trial), self.objective)
+            if known is not None:  # its first epoch confirms it (on_epoch_done)
+                self.set_match(trial.trial_id, known)
         decision = self.decide(trial.trial_id)
         trial.decisions.append(decision)
         return self._mark_ready(self._epoch_task(trial, decision))
@@ -237,6 +250,7 @@ class Study:
         trial = self.trials[result.trial_id]
         trial.results.append(result)
         trial.history.append(self.observation(result))
+        self._confirm_known(trial, result)
         value = result.metrics.get(self.metric)
         if value is None or math.isnan(value):
             self._end(trial, TrialState.FAILED, error=f"metric {self.metric!r} missing or NaN")
@@ -246,6 +260,44 @@ class Study:
             state = TrialState.COMPLETE if result.epoch >= self.max_epochs else TrialState.STOPPED
             self._end(trial, state)
         return decision
+
+    def job_key(self, trial: Trial) -> str:
+        """What makes two trials the same job for the ground truth's known-job answer:
+        the workload, its params and the hyperparameters that are not floats (sizes,
+        choices, the batch size: what shapes the model; rates and coefficients do not).
+        The worker's graph signature checks the guess after the first epoch."""
+        import hashlib
+        import json
+
+        hparams = split_system_params(trial.params, self.spec.system.default)[0]
+        shaping = {k: v for k, v in sorted(hparams.items()) if not isinstance(v, float)}
+        raw = json.dumps([self.spec.workload.name, self.spec.workload.params, shaping],
+                         sort_keys=True, default=str)
+        return hashlib.sha1(raw.encode()).hexdigest()[:16]
+
+    def _confirm_known(self, trial: Trial, result: EpochResult) -> None:
+        """A first epoch run under a known job's config confirms it, or the trial drops
+        it: another model graph, or a steady cost more than :data:`KNOWN_MARGIN` above
+        the known one. It then starts over from a default profiled epoch."""
+        match = trial.match
+        if (match is None or match.known_graph is None or result.epoch != 1
+                or trial.baseline != 0):
+            return
+        why = None
+        if result.graph and match.known_graph and result.graph != match.known_graph:
+            why = f"model graph {result.graph} is not the known job's {match.known_graph}"
+        elif result.system != self.spec.system.default and match.cost is not None:
+            first = trial.history[0]
+            floor = KNOWN_FLOOR / first.samples if first.samples else 0.0
+            steady = first.steady_cost
+            if steady > match.cost * (1.0 + KNOWN_MARGIN) + floor:
+                why = (f"ran {steady / match.cost:.2f}x the known cost under "
+                       f"{result.system.label()}")
+        if why is None:
+            return
+        trial.baseline = 1
+        trial.match = None
+        self._log("unconfirmed", trial.trial_id, why)
 
     def observation(self, result: EpochResult) -> EpochObservation:
         """What the system tuner sees of a finished epoch: its cost, steady cost and
@@ -290,13 +342,14 @@ class Study:
             self.spec.pipetune.enabled
             and self.ground_truth is not None
             and trial.match is None
-            and trial.epochs_run == 1
-            and trial.results[0].phase is Phase.PROFILE
+            and trial.epochs_run == trial.baseline + 1
+            and trial.results[trial.baseline].phase is Phase.PROFILE
         )
 
     def lookup(self, trial_id: int) -> GroundTruthMatch:
         """Look the trial's epoch-1 profile up in the ground truth."""
-        first = self.trials[trial_id].results[0]
+        trial = self.trials[trial_id]
+        first = trial.results[trial.baseline]
         assert self.ground_truth is not None
         return self.ground_truth.lookup(
             first.measurement.profile, first.batch_size, self.objective
@@ -304,7 +357,15 @@ class Study:
 
     def set_match(self, trial_id: int, match: GroundTruthMatch) -> None:
         self._log("match", trial_id, match)
-        self.trials[trial_id].match = match
+        trial = self.trials[trial_id]
+        trial.match = match
+        if self._replaying and trial.epochs_run == 0 and match.known_graph is not None:
+            # A known job's first epoch runs under its config: decide it again now that
+            # the replayed match is here (the replayed start decided without it).
+            self._queue = deque(t for t in self._queue if t.trial_id != trial_id)
+            decision = self.decide(trial_id)
+            trial.decisions[:] = [decision]
+            self._queue.append(self._mark_ready(self._epoch_task(trial, decision)))
 
     def decide(self, trial_id: int) -> TuningDecision:
         """Ask the system tuner for the trial's next epoch config."""
@@ -313,7 +374,8 @@ class Study:
             return TuningDecision(system=trial.fixed_system, phase=Phase.TRAIN, record=None,
                                   record_cost=None, reason="system knobs set by the trial's params")
         return self.tuner.next_epoch(
-            trial.history, epochs_left=self.max_epochs - trial.epochs_run, match=trial.match,
+            trial.tuner_history(), epochs_left=self.max_epochs - trial.epochs_run,
+            match=trial.match,
             sure_epochs=self.scheduler.sure_epochs(trial.epochs_run),
             alone_cores=self._idle_cores_for(trial),
         )
@@ -423,7 +485,7 @@ class Study:
         if self._replaying:  # recorded before the study stopped
             trial.recorded = config
             return
-        first = trial.results[0]
+        first = trial.results[trial.baseline]
         self.ground_truth.record(
             first.measurement.profile,
             first.batch_size,
@@ -434,6 +496,8 @@ class Study:
             trial=f"{self.study_id}/{trial.trial_id}",
             one_time=one_time,
             speedup=speedup,
+            job_key=self.job_key(trial),
+            graph=first.graph,
         )
         trial.recorded = config
 
@@ -443,21 +507,21 @@ class Study:
         trial.state = state
         trial.error = error
         self._queue = deque(t for t in self._queue if t.trial_id != trial.trial_id)
-        if (state is not TrialState.FAILED and trial.history
-                and trial.history[-1].phase is Phase.PROBE):
+        seen = trial.tuner_history()
+        if state is not TrialState.FAILED and seen and seen[-1].phase is Phase.PROBE:
             # The trial ended right after probing: still remember what the probes showed.
-            best = self.tuner.best_observed(trial.history)
+            best = self.tuner.best_observed(seen)
             if best is not None:
-                one_time, speedup = self.tuner.figures(trial.history, best[0])
+                one_time, speedup = self.tuner.figures(seen, best[0])
                 self._record(trial, *best, one_time=one_time, speedup=speedup)
-        elif state is not TrialState.FAILED and trial.history and trial.match is not None:
+        elif state is not TrialState.FAILED and seen and trial.match is not None:
             # It ended right after its first epoch under a reused one-time knob: still
             # record what that cost (as the next decision would have).
-            last = trial.history[-1]
-            under = [o for o in trial.history if o.system == last.system]
+            last = seen[-1]
+            under = [o for o in seen if o.system == last.system]
             if (trial.match.hit and last.system == trial.match.config
                     and last.system.one_time_knobs() and len(under) == 1):
-                one_time, speedup = self.tuner.figures(trial.history, last.system)
+                one_time, speedup = self.tuner.figures(seen, last.system)
                 self._record(trial, last.system, last.steady_cost, one_time=one_time,
                              speedup=speedup)
         self.searcher.tell(trial.trial_id, trial.last_value(self.metric), state)

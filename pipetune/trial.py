@@ -36,6 +36,17 @@ class Trial:
     #: Set when the search space holds system knobs (joint tuning): every epoch runs
     #: under it and the system tuner is not consulted.
     fixed_system: SystemConfig | None = None
+    #: Index of the epoch the system tuner's view starts at: 0, or 1 after a first
+    #: epoch run under a known job's config did not confirm it (the tuner then starts
+    #: over from a default epoch).
+    baseline: int = 0
+
+    def tuner_history(self) -> list[EpochObservation]:
+        """The observations the system tuner sees, numbered from its baseline."""
+        import dataclasses
+
+        return [dataclasses.replace(o, epoch=o.epoch - self.baseline)
+                for o in self.history[self.baseline:]]
 
     @property
     def epochs_run(self) -> int:

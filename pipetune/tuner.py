@@ -254,10 +254,10 @@ class SystemTuner:
         if (alone_cores is None or decision.phase is not Phase.TRAIN or not self.enabled
                 or alone_cores <= decision.system.cores or epochs_left <= 0):
             return decision
-        return self._take_idle_cores(history, decision, alone_cores)
+        return self._take_idle_cores(history, decision, alone_cores, epochs_left)
 
     def _take_idle_cores(self, history: Sequence[EpochObservation], decision: TuningDecision,
-                         cores: int) -> TuningDecision:
+                         cores: int, epochs_left: int) -> TuningDecision:
         narrow = decision.system
         wide = narrow.replace(cores=cores)
         try:
@@ -273,6 +273,8 @@ class SystemTuner:
             return sum(runs) / len(runs) if runs else None
 
         wide_s, narrow_s = wall(wide), wall(narrow)
+        if wide_s is None and epochs_left < 2:
+            return decision  # a probe now could not pay: no epoch would follow it
         if wide_s is None:
             return dataclasses.replace(
                 decision, system=wide, phase=Phase.PROBE, record=None, record_cost=None,
@@ -302,6 +304,15 @@ class SystemTuner:
                 self.default, Phase.TRAIN, None, None, "pipetune off: default config"
             )
         if not history:
+            known = self._known_first(match)
+            if known is not None:
+                assert match is not None
+                return TuningDecision(
+                    known, Phase.PROFILE, None, None,
+                    f"profile: epoch 1 under the {match.reason} (confirmed by this epoch; "
+                    f"{', '.join(match.config.one_time_knobs()) or 'no one-time knob'} "
+                    "left for later)" if known != match.config else
+                    f"profile: epoch 1 under the {match.reason} (confirmed by this epoch)")
             return TuningDecision(
                 self.default,
                 Phase.PROFILE,
@@ -360,6 +371,20 @@ class SystemTuner:
         one_time, speedup = self.figures(history, config)
         return TuningDecision(config, Phase.TRAIN, config, cost, reason + "; record it",
                               inputs=inputs, record_one_time=one_time, record_speedup=speedup)
+
+    def _known_first(self, match: GroundTruthMatch | None) -> SystemConfig | None:
+        """The config a known job's first epoch runs under: the known config without its
+        one-time knobs (ASHA may stop the trial after this epoch; the knob is weighed
+        once the trial's sure epochs are known), if this machine can run it."""
+        if match is None or not match.hit or match.known_graph is None or match.config is None:
+            return None
+        config = match.config
+        config = config.replace(**{k: getattr(self.default, k) for k in config.one_time_knobs()})
+        try:
+            config.check_machine(self.machine)
+        except SystemConfigError:
+            return None
+        return None if config == self.default else config
 
     @staticmethod
     def _tried(candidate: SystemConfig, observed: Sequence[SystemConfig]) -> bool:
@@ -496,6 +521,8 @@ class SystemTuner:
             if steady > base * (1.0 + REUSE_MARGIN):
                 return None, (f"ground-truth config {match.config.label()} ran "
                               f"{steady / base:.2f}x this trial's default: miss, probing")
+        if match.known_graph is not None:
+            return match.config, f"known job (support {match.support})"
         return match.config, (
             f"ground-truth hit (cluster {match.cluster}, bucket {match.bucket}, "
             f"support {match.support})"

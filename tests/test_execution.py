@@ -160,14 +160,14 @@ def test_mlflow_keeps_every_epoch_of_a_study_that_fails_half_way(prefect_api_url
     job = synthetic_job("half-way", seed=3, trials=3)
     job["workload"] = {
         "name": "corrupting_workload:CorruptingWorkload",
-        "params": {**job["workload"]["params"], "corrupt_path": str(gt_path),
-                   "corrupt_lr_above": 0.0},
+        "params": {**job["workload"]["params"], "corrupt_path": str(gt_path)},
     }
-    job["hyperparameters"] = {"lr": {"type": "choice", "values": [0.01, 0.05]}}
+    job["hyperparameters"] = {"hidden": {"type": "choice", "values": [16, 48]}}
     job["search"] = {"algorithm": "grid", "trials": 2, "seed": 0, "max_concurrent": 1}
-    # Trial 0 (lr 0.01) is the one that must be recorded whole; trial 1 corrupts the
-    # ground truth in its first epoch, so the lookup after it fails the study.
-    job["workload"]["params"]["corrupt_lr_above"] = 0.02
+    # Trial 0 (hidden 16) is the one that must be recorded whole; trial 1 (hidden 48,
+    # another job) corrupts the ground truth in its first epoch, so the lookup after it
+    # fails the study.
+    job["workload"]["params"]["corrupt_hidden_above"] = 32
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     with pytest.raises(Exception, match="ground"):
         study_flow(job=job, tracking_uri=uri, checkpoint_root=str(tmp_path / "ck"),

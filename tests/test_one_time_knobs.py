@@ -282,3 +282,64 @@ def test_a_one_time_knob_is_probed_on_top_of_the_best_config_so_far():
     history.append(obs(3, "probe", cl.replace(compile=True), 0.007, one_time=30.0))
     done = tuner.next_epoch(history, epochs_left=5, match=None, sure_epochs=5)
     assert done.phase is Phase.TRAIN and done.system == cl and done.record == cl
+
+
+# -- a job the ground truth knows: its first epoch under the known config ---------------------
+
+def channels_last_job(name, **params):
+    job = synthetic_job(name, seed=5, trials=1)
+    job["workload"]["params"].update(train_samples=256, val_samples=64,
+                                     cost_by_knob={"channels_last": {"false": 0.6}}, **params)
+    job["system"] = {"default": {"cores": 1}, "space": {"channels_last": [False, True]}}
+    job["early_stopping"] = {"policy": "none", "max_epochs": 3}
+    return job
+
+
+class Journal:
+    """The journal's interface at the edge: keeps the events in a list."""
+
+    def __init__(self):
+        self.events = []
+
+    def append(self, kind, trial, data):
+        self.events.append((kind, trial, data))
+
+
+def test_a_known_job_runs_its_first_epoch_under_the_known_config_and_confirms_it(tmp_path):
+    gt = GroundTruth(tmp_path / "gt.json")
+    first = run_job(tmp_path / "a", channels_last_job("cl"), gt)
+    cl = DEFAULT.replace(channels_last=True)
+    assert [r.system for r in first.trials[0].results] == [DEFAULT, cl, cl]
+    again = run_job(tmp_path / "b", channels_last_job("cl"), gt)
+    trial = again.trials[0]
+    assert trial.match.known_graph == first.trials[0].results[0].graph != ""
+    assert [(r.phase.value, r.system) for r in trial.results] == [
+        ("profile", cl), ("train", cl), ("train", cl)]
+    assert "known job" in trial.decisions[0].reason
+    # Another model (a different int hyperparameter shapes it) is another job.
+    other = run_job(tmp_path / "c", channels_last_job("cl", features=24), gt)
+    assert other.trials[0].results[0].system == DEFAULT
+
+
+def test_a_known_job_whose_first_epoch_does_not_confirm_starts_over_from_the_default(tmp_path):
+    from pipetune.trial import Trial
+
+    gt = GroundTruth(tmp_path / "gt.json")
+    job = channels_last_job("graph")
+    spec = JobSpec.from_dict(job, machine=MACHINE)
+    probe = Study(spec, study_id="k", checkpoints=CheckpointStore(tmp_path / "k"),
+                  machine=MACHINE)
+    key = probe.job_key(Trial(trial_id=0, params={"lr": 0.05}, seed=0))
+    seeded = run_job(tmp_path / "a", channels_last_job("seed"), GroundTruth(tmp_path / "x.json"))
+    profile = seeded.trials[0].results[0].measurement.profile
+    cl = DEFAULT.replace(channels_last=True)
+    gt.record(profile, 32, "time", cl, 1e-4, job_key=key, graph="another-graph")
+    study = Study(spec, study_id="graph", checkpoints=CheckpointStore(tmp_path / "ck"),
+                  ground_truth=gt, core_budget=1, machine=MACHINE, journal=Journal())
+    run_study_locally(study)
+    trial = study.trials[0]
+    assert [(r.phase.value, r.system) for r in trial.results[:2]] == [
+        ("profile", cl), ("profile", DEFAULT)]
+    (why,) = [d for k, _, d in study.journal.events if k == "unconfirmed"]
+    assert "is not the known job's another-graph" in why
+    assert trial.baseline == 1 and trial.match is not None and not trial.match.known_graph

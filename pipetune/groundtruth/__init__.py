@@ -170,6 +170,8 @@ class GroundTruth:
         trial: str = "",
         one_time: float | None = None,
         speedup: float | None = None,
+        job_key: str = "",
+        graph: str = "",
     ) -> None:
         """Store the config a trial kept, under its epoch-1 profile. Safe across processes.
 
@@ -200,6 +202,10 @@ class GroundTruth:
             rec["one_time"] = float(one_time)
         if speedup is not None:
             rec["speedup"] = float(speedup)
+        if job_key:
+            rec["job_key"] = str(job_key)
+        if graph:
+            rec["graph"] = str(graph)
         why = record_problem(rec)
         if why is not None:
             raise GroundTruthError(f"{why}; not recorded")
@@ -210,6 +216,40 @@ class GroundTruth:
         # study's critical path (a k-means fit took ~1 s here); a lookup that comes
         # first waits for this fit rather than doing its own.
         self.prepare_in_background()
+
+    def known(self, job_key: str, objective: str) -> GroundTruthMatch | None:
+        """The best config recorded for this very job (``job_key``: the same workload,
+        params and model-shaping hyperparameters, see
+        :meth:`pipetune.study.Study.job_key`), or ``None`` when none is recorded. The
+        answer names the model graph signature behind it (``known_graph``), which the
+        trial's first epoch confirms, and the config's one-time cost and speed-up."""
+        import collections
+        import json
+        import statistics
+
+        from pipetune.groundtruth.model import best_config, config_key
+
+        objective = check_objective(objective)
+        recs = [r for r in self._store.read()
+                if r.get("job_key") == job_key and r.get("objective") == objective]
+        if not job_key or not recs:
+            return None
+        best, costs = best_config(recs)
+        behind = [r for r in recs if config_key(r) == best]
+        graphs = collections.Counter(r.get("graph", "") for r in behind)
+
+        def median_of(name: str) -> float | None:
+            values = [float(r[name]) for r in behind if r.get(name) is not None]
+            return float(statistics.median(values)) if values else None
+
+        config = SystemConfig.from_dict(json.loads(best))
+        return GroundTruthMatch(
+            hit=True, config=config, cost=float(statistics.median(costs)), cluster=None,
+            bucket=None, distance=0.0, bound=0.0, support=len(costs),
+            reason=f"known job {job_key[:12]}: {config.label()} chosen by {len(costs)} "
+                   "trial(s)",
+            one_time=median_of("one_time"), speedup=median_of("speedup"),
+            known_graph=graphs.most_common(1)[0][0])
 
     def entries(self) -> list[GroundTruthEntry]:
         """Every (cluster, bucket, objective) with its best config, sorted by those keys."""

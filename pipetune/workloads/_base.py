@@ -71,6 +71,13 @@ class Workload(ABC):
         :class:`SystemConfig` when called by hand; see :meth:`train_epoch`); keys include
         every name in ``metrics``."""
 
+    def graph_signature(self) -> str:
+        """A short digest of the model's structure after ``setup`` (its module types and
+        parameter shapes), or ``""`` when unknown. Two trials with the same signature
+        train the same graph, so what one learned about compiling it holds for the
+        other. Optional."""
+        return ""
+
     def predict(self) -> Any:
         """Model outputs (logits tensor) on the held-out split, in a fixed order.
 

@@ -410,6 +410,16 @@ class TorchClassifierWorkload(Workload):
 
         return self._val_logits(torch.device(self._device), None).cpu()
 
+    def graph_signature(self) -> str:
+        """sha1 (16 hex digits) of the model's module types and parameter and buffer
+        shapes."""
+        import hashlib
+
+        model, _ = self._require_setup()
+        parts = [f"{name}:{type(m).__name__}" for name, m in model.named_modules()]
+        parts += [f"{name}:{tuple(t.shape)}" for name, t in model.state_dict().items()]
+        return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:16]
+
     def state_dict(self) -> dict[str, Any]:
         """CPU copies of model and optimiser state, epoch, seed, RNG and loss-scaler state."""
         model, optimizer = self._require_setup()
