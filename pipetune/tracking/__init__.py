@@ -73,6 +73,21 @@ def ensure_experiment(tracking_uri: str, name: str = DEFAULT_EXPERIMENT) -> str:
         return client.create_experiment(name, artifact_location=_artifact_root(tracking_uri))
 
 
+def ensure_experiment_in_recorder(tracking_uri: str, name: str = DEFAULT_EXPERIMENT) -> str:
+    """:func:`ensure_experiment` done by this process's recorder process
+    (:func:`pipetune.sidecar.shared_host`, started if need be), which writes the study's
+    MLflow record anyway: the store's creation or migration and MLflow's imports (2-3 s
+    of CPU here) stay out of this process. Raises what it raised."""
+    from pipetune.sidecar import shared_host
+
+    channel = shared_host().attach(
+        "pipetune.tracking.sink:MlflowSink", "mlflow-store", tracking_uri=tracking_uri, tags={})
+    try:
+        return channel.call("experiment", name)
+    finally:
+        channel.close()
+
+
 @contextlib.contextmanager
 def _store_lock(tracking_uri: str) -> Iterator[None]:
     if not tracking_uri.startswith("sqlite:///"):
@@ -157,6 +172,7 @@ __all__ = [
     "batches",
     "default_tracking_uri",
     "ensure_experiment",
+    "ensure_experiment_in_recorder",
     "mlflow_client",
     "profile_rows",
 ]

@@ -10,7 +10,7 @@ from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pipetune.tracking import mlflow_client
+from pipetune.tracking import DEFAULT_EXPERIMENT, ensure_experiment, mlflow_client
 
 if TYPE_CHECKING:
     from mlflow.entities import Metric, Param, RunTag
@@ -69,17 +69,158 @@ class MlflowSink:
     into as few ``log_batch`` calls as MLflow's limits allow when the host is idle or
     before any other write (so the order things were sent in is the order they land).
     A run is a run id, or ``("trial", trial_id)`` for a child run this sink created.
+
+    The study's own run is opened (:meth:`open_study`, :meth:`resume_study`) and ended
+    (:meth:`finish_study`, :meth:`fail_study`) here too, so the study process never
+    loads MLflow (2 s of CPU here, and the store's creation or migration).
     """
 
-    def __init__(self, *, experiment_id: str, parent_run_id: str, tags: dict[str, str],
-                 tracking_uri: str | None = None, client: MlflowClient | None = None,
-                 children: dict[int, str] | None = None):
-        self.client = client if client is not None else mlflow_client(tracking_uri)
+    def __init__(self, *, tags: dict[str, str], experiment_id: str | None = None,
+                 parent_run_id: str | None = None, tracking_uri: str | None = None,
+                 client: MlflowClient | None = None, children: dict[int, str] | None = None):
+        self._client = client
+        self.tracking_uri = tracking_uri
         self.experiment_id = experiment_id
         self.parent_run_id = parent_run_id
         self.tags = tags
         self._children: dict[int, str] = dict(children or {})
         self._pending: dict[Hashable, _Buffer] = {}
+
+    @property
+    def client(self) -> Any:
+        """The sink's MLflow client, built on first use: building one creates (or
+        migrates) a SQLite store, which must wait for :func:`ensure_experiment`'s lock
+        when several commands start on one fresh store."""
+        if self._client is None:
+            self._client = mlflow_client(self.tracking_uri)
+        return self._client
+
+    # -- the study's run ---------------------------------------------------------------
+    def experiment(self, name: str = DEFAULT_EXPERIMENT) -> str:
+        """The id of ``name`` in the store, both created if need be."""
+        return ensure_experiment(self._uri(), name)
+
+    def open_study(self, experiment: str, run_name: str, tags: dict[str, str],
+                   params: Sequence[tuple[str, str]],
+                   files: Sequence[tuple[dict[str, Any], str]]) -> tuple[str, str]:
+        """The store and ``experiment`` (created if needed), then the study's parent run
+        with its ``params`` and JSON ``files`` (dict, artifact file name); returns
+        ``(experiment_id, parent_run_id)``."""
+        from mlflow.entities import Param
+
+        self.experiment_id = ensure_experiment(self._uri(), experiment)
+        parent = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        self.parent_run_id = parent.info.run_id
+        self.client.log_batch(self.parent_run_id, params=[Param(k, v) for k, v in params])
+        for content, name in files:
+            self.client.log_dict(self.parent_run_id, content, name)
+        return self.experiment_id, self.parent_run_id
+
+    def resume_study(self, run_id: str, experiment: str = DEFAULT_EXPERIMENT,
+                     ) -> tuple[str, dict[int, str]]:
+        """Continue the parent run ``run_id`` (RUNNING again) and its trial runs; returns
+        ``(experiment_id, {trial id: child run id})``."""
+        ensure_experiment(self._uri(), experiment)
+        self.parent_run_id = run_id
+        self.experiment_id = self.client.get_run(run_id).info.experiment_id
+        self.client.update_run(run_id, status="RUNNING")
+        self._children = self.children_from_store()
+        return self.experiment_id, dict(self._children)
+
+    def reopen(self, run_ids: Sequence[str]) -> None:
+        self.idle()
+        for run_id in run_ids:
+            self.client.update_run(run_id, status="RUNNING")
+
+    def artifact_uri(self) -> str:
+        return self.client.get_run(self.parent_run_id).info.artifact_uri
+
+    def finish_study(self, metrics: Sequence[tuple[str, float, int, int]] = (),
+                     params: Sequence[tuple[str, str]] = (),
+                     tags: Sequence[tuple[str, str]] = (),
+                     texts: Sequence[tuple[str, str]] = (),
+                     files: Sequence[tuple[bytes, str]] = (),
+                     best_model: tuple[str, dict[str, Any], str] | None = None,
+                     best_trial: int | None = None, end: bool = True) -> None:
+        """Everything sent before written, then the study's summary on its parent run:
+        ``texts`` (content, artifact file name), ``files`` (bytes, artifact file name),
+        ``best_model`` (checkpoint reference, ``best_model.json`` record, recipe) under
+        ``best_model/``, the tag ``best_trial_run_id``; with ``end``, the run ends
+        FINISHED."""
+        import json
+        import tempfile
+        from pathlib import Path
+
+        from mlflow.entities import Param, RunTag
+
+        self.idle()
+        run_id = self.parent_run_id
+        tags = list(tags)
+        if best_trial is not None and best_trial in self._children:
+            tags.append(("best_trial_run_id", self._children[best_trial]))
+        if metrics or params or tags:
+            for ms, ps, ts in batches([as_metric(*m) for m in metrics],
+                                      [Param(k, v) for k, v in params],
+                                      [RunTag(k, v) for k, v in tags]):
+                self.client.log_batch(run_id, metrics=ms, params=ps, tags=ts)
+        for content, name in texts:
+            self.client.log_text(run_id, content, name)
+        if files:
+            with tempfile.TemporaryDirectory() as tmp:
+                for content, name in files:
+                    path = Path(tmp) / name
+                    path.write_bytes(content)
+                    self.client.log_artifact(run_id, str(path))
+        if best_model is not None:
+            from pipetune.checkpoints import CheckpointStore
+            from pipetune.tracking.best_model import CHECKPOINT_FILE
+
+            checkpoint, record, recipe = best_model
+            with tempfile.TemporaryDirectory() as tmp:
+                folder = Path(tmp)
+                (folder / CHECKPOINT_FILE).write_bytes(CheckpointStore.read_bytes(checkpoint))
+                (folder / "best_model.json").write_text(json.dumps(record, indent=2,
+                                                                   default=str))
+                (folder / "load_best_model.py").write_text(recipe)
+                self.client.log_artifacts(run_id, tmp, "best_model")
+        if end:
+            self.client.set_terminated(run_id, status="FINISHED")
+
+    def fail_study(self, status: str) -> None:
+        """What was sent written as far as it can be, then every trial run still
+        running ended KILLED and the parent run ended ``status``. Never raises for one
+        run: what cannot be written is logged; the first failure is raised at the end
+        (the caller says what was lost)."""
+        error: Exception | None = None
+        try:
+            self.idle()
+        except Exception as e:  # noqa: BLE001 - the runs are still ended
+            error = e
+        for trial_id, run_id in sorted(self._children.items()):
+            try:
+                if self.client.get_run(run_id).info.status == "RUNNING":
+                    self.client.set_terminated(run_id, status="KILLED")
+            except Exception as e:  # noqa: BLE001
+                logger.warning("MLflow: could not end the run of trial %s: %s", trial_id, e)
+                error = error or e
+        try:
+            self.client.set_terminated(self.parent_run_id, status=status)
+        except Exception as e:  # noqa: BLE001
+            logger.warning("MLflow: could not mark study run %s ended: %s",
+                           self.parent_run_id, e)
+            error = error or e
+        if error is not None:
+            raise error
+
+    def children_from_store(self) -> dict[int, str]:
+        """Trial id -> run id of the parent run's trial runs, as the store has them."""
+        runs = self.client.search_runs(
+            [self.experiment_id], f"tags.mlflow.parentRunId = '{self.parent_run_id}'")
+        return {int(r.data.tags["pipetune.trial_id"]): r.info.run_id for r in runs
+                if "pipetune.trial_id" in r.data.tags}
+
+    def _uri(self) -> str:
+        return self.tracking_uri or str(self._client.tracking_uri)
 
     def _run_id(self, run: Hashable) -> str:
         if isinstance(run, tuple):

@@ -4,16 +4,16 @@ and writes the study's summary, tables and best model at the end."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
-import tempfile
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipetune.states import TrialState
-from pipetune.tracking import DEFAULT_EXPERIMENT, ensure_experiment, mlflow_client
-from pipetune.tracking.sink import MlflowSink, as_metric
+from pipetune.tracking import DEFAULT_EXPERIMENT, mlflow_client
+from pipetune.tracking.sink import MlflowSink
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -31,14 +31,15 @@ class StudyTracker:
     Per-epoch metrics are logged with ``step = epoch``; every system knob is logged as
     a metric too so the UI can plot the config against the epoch.
 
-    The parent run is created and described at construction. Everything per trial
-    (:meth:`log_epoch`, :meth:`end_trial`) is sent to an :class:`MlflowSink` and returns
-    at once: the sink runs in this process's recorder process
-    (:func:`pipetune.sidecar.shared_host`), off the study loop's GIL, or in a thread
-    when ``client`` (an ``MlflowClient`` replacing the one built from ``tracking_uri``)
-    is given. :meth:`flush` waits for what was sent and raises what a write raised.
-    :meth:`finish` and :meth:`fail` flush first and stop the sink; :meth:`close` stops
-    it alone.
+    Every write goes through an :class:`MlflowSink`: in this process's recorder
+    process (:func:`pipetune.sidecar.shared_host`), off the study loop's GIL, so this
+    process never loads MLflow; or in a thread when ``client`` (an ``MlflowClient``
+    replacing the one built from ``tracking_uri``) is given. The parent run is created
+    and described at construction (waiting for the sink). Everything per trial
+    (:meth:`log_epoch`, :meth:`end_trial`) is sent and returns at once. :meth:`flush`
+    waits for what was sent and raises what a write raised. :meth:`finish` and
+    :meth:`fail` write what was sent first and stop the sink; :meth:`close` stops it
+    alone. :attr:`client` is a client in this process, built when first asked for.
     """
 
     def __init__(
@@ -56,8 +57,7 @@ class StudyTracker:
         from pipetune.sidecar import ThreadHost, shared_host
 
         self.tracking_uri = tracking_uri
-        self.client = client if client is not None else mlflow_client(tracking_uri)
-        self.experiment_id = ensure_experiment(tracking_uri, experiment)
+        self._client = client
         self.spec = spec
         self.tags = dict(tags or {})
         self.started = time.time()
@@ -65,64 +65,76 @@ class StudyTracker:
         self._children: dict[int, str] = {}
         #: trial ids whose child run was sent for creation.
         self._requested: set[int] = set()
-        if resume_run_id is not None:
-            self._resume(resume_run_id)
-        else:
-            self._create(spec, run_name)
-        where = {"experiment_id": self.experiment_id, "parent_run_id": self.parent_run_id,
-                 "tags": self.tags, "children": dict(self._children)}
         self._thread_host: ThreadHost | None = None
+        # The sink opens the study's run as it writes the rest: in the recorder process
+        # unless a client is given, so this process never loads MLflow.
         if client is not None:
             self._thread_host = ThreadHost("pipetune-mlflow-writer")
-            self._sink = self._thread_host.attach(MlflowSink(client=client, **where), "mlflow")
+            self._sink = self._thread_host.attach(
+                MlflowSink(client=client, tracking_uri=tracking_uri, tags=self.tags), "mlflow")
         else:
             self._sink = shared_host().attach(
-                "pipetune.tracking.sink:MlflowSink", "mlflow", tracking_uri=tracking_uri, **where)
+                "pipetune.tracking.sink:MlflowSink", "mlflow", tracking_uri=tracking_uri,
+                tags=self.tags)
+        try:
+            if resume_run_id is not None:
+                self._resume(resume_run_id, experiment)
+            else:
+                self._create(spec, run_name, experiment)
+        except BaseException:
+            self._drop_sink()
+            raise
 
-    def _resume(self, run_id: str) -> None:
+    @property
+    def client(self) -> Any:
+        """An MLflow client on the study's store in this process (built on first use:
+        the tracker itself writes through its sink)."""
+        if self._client is None:
+            self._client = mlflow_client(self.tracking_uri)
+        return self._client
+
+    def _drop_sink(self) -> None:
+        with contextlib.suppress(Exception):
+            self._sink.close(timeout=10)
+        if self._thread_host is not None:
+            with contextlib.suppress(Exception):
+                self._thread_host.stop(10)
+
+    def _resume(self, run_id: str, experiment: str) -> None:
         """Continue the parent run ``run_id`` and its trial runs (a resumed study)."""
         self.parent_run_id = run_id
-        self.experiment_id = self.client.get_run(run_id).info.experiment_id
-        self.client.update_run(run_id, status="RUNNING")
-        self._children = self._children_from_store()
+        self.experiment_id, self._children = self._sink.call("resume_study", run_id, experiment)
         self._requested = set(self._children)
 
     def reopen_trials(self, trial_ids: list[int]) -> None:
         """Trial runs ended KILLED by the stop are running again (their trials go on)."""
-        for trial_id in trial_ids:
-            if trial_id in self._children:
-                self.client.update_run(self._children[trial_id], status="RUNNING")
+        runs = [self._children[t] for t in trial_ids if t in self._children]
+        if runs:
+            self._sink.call("reopen", runs)
 
-    def _create(self, spec: JobSpec, run_name: str | None) -> None:
-        parent = self.client.create_run(
-            self.experiment_id,
-            run_name=run_name or spec.name,
-            tags={**self.tags, "pipetune.kind": "study", "pipetune.job": spec.name},
-        )
-        self.parent_run_id: str = parent.info.run_id
+    def _create(self, spec: JobSpec, run_name: str | None, experiment: str) -> None:
         spec_dict = spec.to_dict()
-        from mlflow.entities import Param
-
         params = [
-            Param("job", spec.name),
-            Param("workload", spec.workload.name),
-            Param("search.algorithm", spec.search.algorithm),
-            Param("search.trials", str(spec.search.trials)),
-            Param("search.max_concurrent", str(spec.search.max_concurrent)),
-            Param("early_stopping", spec.early_stopping.policy),
-            Param("max_epochs", str(spec.early_stopping.max_epochs)),
-            Param("objective.metric", f"{spec.objective.metric} ({spec.objective.mode})"),
-            Param("objective.system", spec.objective.system),
-            Param("pipetune.enabled", str(spec.pipetune.enabled)),
-            Param("system.default", spec.system.default.label()),
+            ("job", spec.name),
+            ("workload", spec.workload.name),
+            ("search.algorithm", spec.search.algorithm),
+            ("search.trials", str(spec.search.trials)),
+            ("search.max_concurrent", str(spec.search.max_concurrent)),
+            ("early_stopping", spec.early_stopping.policy),
+            ("max_epochs", str(spec.early_stopping.max_epochs)),
+            ("objective.metric", f"{spec.objective.metric} ({spec.objective.mode})"),
+            ("objective.system", spec.objective.system),
+            ("pipetune.enabled", str(spec.pipetune.enabled)),
+            ("system.default", spec.system.default.label()),
         ]
-        self.client.log_batch(self.parent_run_id, params=params)
-        self.client.log_dict(self.parent_run_id, spec_dict, "job.json")
-        self.client.log_dict(
-            self.parent_run_id,
-            {"hyperparameters": spec_dict["hyperparameters"], "system": spec_dict["system"]},
-            "spaces.json",
-        )
+        files = [
+            (spec_dict, "job.json"),
+            ({"hyperparameters": spec_dict["hyperparameters"], "system": spec_dict["system"]},
+             "spaces.json"),
+        ]
+        self.experiment_id, self.parent_run_id = self._sink.call(
+            "open_study", experiment, run_name or spec.name,
+            {**self.tags, "pipetune.kind": "study", "pipetune.job": spec.name}, params, files)
 
     # -- the sink -----------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> None:
@@ -145,7 +157,9 @@ class StudyTracker:
     def artifact_uri(self) -> str:
         """The study run's artifact location (``mlflow-artifacts:/...`` on a tracking
         server with ``--serve-artifacts``)."""
-        return self.client.get_run(self.parent_run_id).info.artifact_uri
+        if self._sink.closed:
+            return self.client.get_run(self.parent_run_id).info.artifact_uri
+        return self._sink.call("artifact_uri")
 
     # -- trials -----------------------------------------------------------------------
     def _child(self, trial: Trial) -> tuple[str, int]:
@@ -218,55 +232,38 @@ class StudyTracker:
                extra_metrics: dict[str, float] | None = None) -> None:
         """Summary metrics, trials table, timeline picture and best model on the parent run.
 
-        Flushes the background writer first (raising what it raised) and closes it last."""
-        from mlflow.entities import Param, RunTag
-
+        The sink writes everything sent before them first (raising what a write raised),
+        and is closed last."""
         from pipetune.reports import timeline_figure, trials_table
 
-        self.flush()
         summary = study.summary()
         metrics = {**summary.to_metrics(), "tuning_wall_s": wall_s, **(extra_metrics or {})}
         ts = int(time.time() * 1000)
-        tags = [RunTag("energy_source", summary.energy_source)]
+        tags = [("energy_source", summary.energy_source)]
         params = []
         if summary.best_params is not None:
-            params.append(Param("best_params", json.dumps(summary.best_params, sort_keys=True)))
+            params.append(("best_params", json.dumps(summary.best_params, sort_keys=True)))
         if summary.best_system is not None:
-            params.append(Param("best_system", summary.best_system.label()))
-        if summary.best_trial is not None and summary.best_trial in self._children:
-            tags.append(RunTag("best_trial_run_id", self._children[summary.best_trial]))
-        self.client.log_batch(
-            self.parent_run_id,
-            metrics=[as_metric(k, v, 0, ts) for k, v in metrics.items()],
-            params=params,
-            tags=tags,
-        )
-        table = trials_table(study)
-        self.client.log_text(self.parent_run_id, table.to_csv(index=False), "trials.csv")
-        fig = timeline_figure(study)
-        self.client.log_figure(self.parent_run_id, fig, "timeline.png")
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
+            params.append(("best_system", summary.best_system.label()))
         best = study.best_trial()
+        best_model = None
         if best is not None and best.checkpoint is not None:
-            self._log_best_model(study, best)
-        self.client.set_terminated(self.parent_run_id, status="FINISHED")
+            from pipetune.tracking.best_model import best_model_record
+
+            record = best_model_record(study, best)
+            best_model = (best.checkpoint, record, record["load_recipe"])
+        # The sink writes the summary and the best model while this process makes the
+        # trials table and draws the timeline (each a few tenths of a second); the run
+        # ends FINISHED with them. A failed write is raised by the second call.
+        self._sink.send(
+            "finish_study", [(k, float(v), 0, ts) for k, v in metrics.items()], params, tags,
+            (), (), best_model, summary.best_trial, False)
+        table = trials_table(study).to_csv(index=False)
+        png = io.BytesIO()
+        timeline_figure(study).savefig(png, format="png")  # as MLflow's log_figure saves it
+        self._sink.call("finish_study", (), (), (), [(table, "trials.csv")],
+                        [(png.getvalue(), "timeline.png")])
         self.close()
-
-    def _log_best_model(self, study: Study, trial: Trial) -> None:
-        """``best_model/``: the checkpoint, ``best_model.json`` (what it is and how it
-        was made, see :mod:`pipetune.tracking.best_model`) and ``load_best_model.py``."""
-        from pipetune.checkpoints import CheckpointStore
-        from pipetune.tracking.best_model import CHECKPOINT_FILE, best_model_record
-
-        record = best_model_record(study, trial)
-        with tempfile.TemporaryDirectory() as tmp:
-            folder = Path(tmp)
-            (folder / CHECKPOINT_FILE).write_bytes(CheckpointStore.read_bytes(trial.checkpoint))
-            (folder / "best_model.json").write_text(json.dumps(record, indent=2, default=str))
-            (folder / "load_best_model.py").write_text(record["load_recipe"])
-            self.client.log_artifacts(self.parent_run_id, tmp, "best_model")
 
     def fail(self, *, timeout: float | None = 120.0, status: str = "FAILED") -> None:
         """End the study as failed: still-running child runs KILLED, the parent
@@ -275,6 +272,17 @@ class StudyTracker:
         Writes everything sent first (waiting at most ``timeout`` seconds), so what was
         recorded before the failure is kept. Never raises: what cannot be written (a
         background write that failed, a store that is down) is logged."""
+        if not self._sink.closed:
+            try:
+                self._sink.call("fail_study", status, timeout=timeout)
+            except Exception:  # noqa: BLE001 - failing already; say what was lost, and
+                # end the runs from here (the recorder may be gone)
+                logger.warning("MLflow: some writes of study run %s were lost",
+                               self.parent_run_id, exc_info=True)
+            else:
+                with contextlib.suppress(Exception):
+                    self.close(timeout)
+                return
         try:
             self.close(timeout)
         except Exception:  # noqa: BLE001 - failing already; say what was lost
