@@ -382,8 +382,10 @@ class Study:
 
     def _idle_cores_for(self, trial: Trial) -> int | None:
         """All the cores, when ``trial`` is the only one running and no trial is left to
-        start (nothing would wait for them); else None."""
-        if self.objective != "time" or self._queue:
+        start (nothing would wait for them), in a study that runs trials side by side
+        (with one at a time, a trial's cores are what its config asks, tail or not);
+        else None."""
+        if self.objective != "time" or self._queue or self.spec.search.max_concurrent < 2:
             return None
         if not (self._searcher_exhausted or len(self.trials) >= self.spec.search.trials):
             return None
