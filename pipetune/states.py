@@ -60,6 +60,9 @@ class GroundTruthMatch:
     #: Set on an answer for a *known job* (:meth:`GroundTruth.known`): the model graph
     #: signature its records were made with; a trial's first epoch confirms it.
     known_graph: str | None = None
+    #: What ``cost`` counts (``core_seconds``, ``seconds``, ``joules`` per sample; None:
+    #: not recorded), so a study compares it only with a cost of its own kind.
+    cost_unit: str | None = None
 
     def __post_init__(self) -> None:
         if self.hit and self.config is None:

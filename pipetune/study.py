@@ -286,7 +286,9 @@ class Study:
         why = None
         if result.graph and match.known_graph and result.graph != match.known_graph:
             why = f"model graph {result.graph} is not the known job's {match.known_graph}"
-        elif result.system != self.spec.system.default and match.cost is not None:
+        elif (match.config is not None and not match.config.one_time_knobs()
+              and result.system == match.config and match.cost is not None
+              and match.cost_unit == self.cost_unit):
             first = trial.history[0]
             floor = KNOWN_FLOOR / first.samples if first.samples else 0.0
             steady = first.steady_cost
@@ -314,6 +316,14 @@ class Study:
             samples=m.samples,
             wall_steady=m.steady_cost("time"),
         )
+
+    @property
+    def cost_unit(self) -> str:
+        """What this study's costs count: ``core_seconds`` (time, trials side by side),
+        ``seconds`` or ``joules``, per sample."""
+        if self.objective == "energy":
+            return "joules"
+        return "core_seconds" if self.spec.search.max_concurrent > 1 else "seconds"
 
     def _cost_scale(self, result: EpochResult) -> float:
         if self.objective == "time" and self.spec.search.max_concurrent > 1:
@@ -500,6 +510,7 @@ class Study:
             speedup=speedup,
             job_key=self.job_key(trial),
             graph=first.graph,
+            cost_unit=self.cost_unit,
         )
         trial.recorded = config
 

@@ -276,10 +276,12 @@ class SystemTuner:
         if wide_s is None and epochs_left < 2:
             return decision  # a probe now could not pay: no epoch would follow it
         if wide_s is None:
+            # Training, measured: not a probe of the plan, so never chosen by
+            # best_observed or recorded (the record, if any, stays the narrow config's).
             return dataclasses.replace(
-                decision, system=wide, phase=Phase.PROBE, record=None, record_cost=None,
+                decision, system=wide,
                 reason=f"{decision.reason}; alone with {cores - narrow.cores} idle core(s): "
-                       f"probe cores={cores}")
+                       f"try cores={cores}")
         if narrow_s is not None and wide_s < narrow_s * (1.0 - self.warmup_margin):
             return dataclasses.replace(
                 decision, system=wide,
@@ -328,8 +330,9 @@ class SystemTuner:
 
         later = history[1:]
         probed = [o for o in later if o.phase is Phase.PROBE]
-        rejected = match.config if match is not None and match.hit else None
-        trained = any(o.phase is Phase.TRAIN and o.system != rejected for o in later)
+        rejected = ({match.config, self._without_one_time(match.config)}
+                    if match is not None and match.hit and match.config is not None else set())
+        trained = any(o.phase is Phase.TRAIN and o.system not in rejected for o in later)
         observed = [o.system for o in history]
         untried = [c for c in self._candidates if not self._tried(c, observed)]
         if epochs_left > 0:
@@ -416,10 +419,11 @@ class SystemTuner:
 
     def _reuse(self, history: list[EpochObservation], config: SystemConfig,
                match: GroundTruthMatch, horizon: int, why: str) -> TuningDecision:
-        """Train under the ground truth's ``config``, unless a one-time knob of it would
-        not be earned back within ``horizon`` sure epochs: then under ``config`` without
-        it. The expected gain is ``horizon x samples x`` the trial's own default steady
-        cost ``x (1 - 1/speedup)``, against the recorded one-time cost."""
+        """Train under the ground truth's ``config``, its one-time knobs only where they
+        are earned back within ``horizon`` sure epochs. The trial first measures its own
+        steady rate under ``config`` without them (unless it has), then weighs: the gain
+        is ``horizon x samples x`` that rate ``x (1 - 1/speedup)`` (``speedup``: what
+        the knobs added on top, as recorded), against the recorded one-time cost."""
         ran = {o.system for o in history}
         knobs = config.one_time_knobs()
         if not knobs or config in ran:
@@ -435,19 +439,25 @@ class SystemTuner:
                     record_one_time=one_time, record_speedup=speedup)
             return TuningDecision(config, Phase.TRAIN, None, None,
                                   f"{why}: {describe_change(self.default, config)}")
-        without = config.replace(**{k: getattr(self.default, k) for k in knobs})
-        default_steady = history[0].steady_cost
+        without = self._without_one_time(config)
+        own = [o.steady_cost for o in history if o.system == without]
+        if not own:
+            return TuningDecision(
+                without, Phase.TRAIN, None, None,
+                f"{why}: {describe_change(self.default, without)} first, to weigh "
+                f"{', '.join(knobs)} against this trial's own rate")
+        base_steady = sum(own) / len(own)
         samples = history[-1].samples or history[0].samples
-        inputs: dict[str, Any] = {"sure_epochs": horizon, "default_steady_cost": default_steady,
+        inputs: dict[str, Any] = {"sure_epochs": horizon, "base_steady_cost": base_steady,
                                   "samples": samples, "one_time": match.one_time,
                                   "speedup": match.speedup}
-        if match.one_time is None or match.speedup is None or not math.isfinite(default_steady):
+        if match.one_time is None or match.speedup is None or not math.isfinite(base_steady):
             pays = horizon >= MIN_ONE_TIME_HORIZON
             detail = (f"no one-time figures recorded; {horizon} sure epoch(s) "
                       f"{'>=' if pays else '<'} {MIN_ONE_TIME_HORIZON}")
         else:
             speedup = max(match.speedup, 1e-9)
-            gain = horizon * samples * default_steady * (1.0 - 1.0 / speedup)
+            gain = horizon * samples * base_steady * (1.0 - 1.0 / speedup)
             pays = gain > match.one_time
             inputs["gain"] = gain
             detail = (f"saves {gain:.3g} over {horizon} sure epoch(s) at {speedup:.2f}x "
@@ -457,6 +467,10 @@ class SystemTuner:
         reason = (f"{why}: {describe_change(self.default, chosen)} "
                   f"({', '.join(knobs)} {verb}: {detail})")
         return TuningDecision(chosen, Phase.TRAIN, None, None, reason, inputs=inputs)
+
+    def _without_one_time(self, config: SystemConfig) -> SystemConfig:
+        """``config`` with its one-time knobs set back to the default's."""
+        return config.replace(**{k: getattr(self.default, k) for k in config.one_time_knobs()})
 
     def best_observed(
         self, history: Sequence[EpochObservation]
@@ -488,16 +502,20 @@ class SystemTuner:
             return best_cfg, means[best_cfg]
         return base.system, base_cost
 
-    @staticmethod
-    def figures(history: Sequence[EpochObservation],
+    def figures(self, history: Sequence[EpochObservation],
                 config: SystemConfig) -> tuple[float | None, float | None]:
         """``(one_time, speedup)`` of ``config`` in this trial: the one-time cost of the
-        first epoch that ran it, and the default's steady cost over its own."""
+        first epoch that ran it, and its speed-up over the same config without its
+        one-time knobs (for a config without any: over the default), each steady cost
+        per sample as this trial measured it (``None`` where it measured no base)."""
         runs = [o for o in history if o.system == config]
         if not runs or not history:
             return None, None
         steady = sum(o.steady_cost for o in runs) / len(runs)
-        base = history[0].steady_cost
+        base_config = (self._without_one_time(config) if config.one_time_knobs()
+                       else self.default)
+        base_runs = [o.steady_cost for o in history if o.system == base_config]
+        base = sum(base_runs) / len(base_runs) if base_runs else math.nan
         speedup = base / steady if steady > 0 and math.isfinite(base) else None
         one_time = runs[0].one_time if config != history[0].system else 0.0
         return one_time, speedup

@@ -210,6 +210,13 @@ def test_a_compiled_trials_checkpoint_is_an_eager_one_and_continues_either_way(t
     CheckpointStore.load(back, str(tmp_path / "e.pt"))
     stats = back.train_epoch(applied_context(COMPILED))
     assert back.epoch == 2 and stats.samples == 256 and stats.loss == stats.loss
+    # Nothing compiled is left on the model: it still copies and pickles.
+    import copy
+    import pickle
+
+    model = back._require_setup()[0]
+    assert copy.deepcopy(model).state_dict().keys() == model.state_dict().keys()
+    assert pickle.loads(pickle.dumps(model)).state_dict().keys() == model.state_dict().keys()
 
 
 def test_bf16_and_channels_last_train_on_the_cpu_where_bf16_is_native():
@@ -261,14 +268,16 @@ def test_a_trial_alone_takes_the_idle_cores_only_if_its_own_wall_time_says_it_go
     history = [wall_obs(1, "profile", DEFAULT, 0.010), wall_obs(2, "train", DEFAULT, 0.010)]
     # With others waiting for cores there is nothing idle to take.
     assert tuner.next_epoch(history, epochs_left=5, match=None).system == DEFAULT
-    probe = tuner.next_epoch(history, epochs_left=5, match=None, alone_cores=2)
-    assert probe.phase is Phase.PROBE and probe.system == two and probe.record is None
+    tried = tuner.next_epoch(history, epochs_left=5, match=None, alone_cores=2)
+    # Training, measured: not a probe of the plan, so never recorded as the trial's pick.
+    assert tried.phase is Phase.TRAIN and tried.system == two and "try cores=2" in tried.reason
+    assert tuner.next_epoch(history, epochs_left=1, match=None, alone_cores=2).system == DEFAULT
     # 1.6x faster in wall time (though 1.25x dearer in core-seconds): keep both cores.
-    faster = [*history, wall_obs(3, "probe", two, 0.00625)]
+    faster = [*history, wall_obs(3, "train", two, 0.00625)]
     kept = tuner.next_epoch(faster, epochs_left=4, match=None, alone_cores=2)
     assert kept.phase is Phase.TRAIN and kept.system == two
     # Not faster beyond the margin: back to one core, and no second probe.
-    same = [*history, wall_obs(3, "probe", two, 0.0098)]
+    same = [*history, wall_obs(3, "train", two, 0.0098)]
     back = tuner.next_epoch(same, epochs_left=4, match=None, alone_cores=2)
     assert back.phase is Phase.TRAIN and back.system == DEFAULT
 
@@ -343,3 +352,55 @@ def test_a_known_job_whose_first_epoch_does_not_confirm_starts_over_from_the_def
     (why,) = [d for k, _, d in study.journal.events if k == "unconfirmed"]
     assert "is not the known job's another-graph" in why
     assert trial.baseline == 1 and trial.match is not None and not trial.match.known_graph
+
+
+def test_a_reused_compile_is_weighed_against_the_trials_own_rate_without_it():
+    cl = DEFAULT.replace(channels_last=True)
+    both = cl.replace(compile=True)
+    tuner = SystemTuner(DEFAULT, {"channels_last": [True], "compile": [True]}, machine=MACHINE)
+    # Recorded: compile on top of channels_last is 1.25x, for 3 s once.
+    match = hit(3.0, 1.25, config=both)
+    history = [obs(1, "profile", DEFAULT, 0.010)]
+    first = tuner.next_epoch(history, epochs_left=8, match=match, sure_epochs=2)
+    assert first.system == cl and "first, to weigh compile" in first.reason
+    history.append(obs(2, "train", cl, 0.006))
+    # 0.006 x 1000 x (1 - 1/1.25) = 1.2 s saved per epoch: 2 epochs do not pay 3 s, 3 do.
+    short = tuner.next_epoch(history, epochs_left=7, match=match, sure_epochs=2)
+    assert short.system == cl and short.inputs["gain"] == pytest.approx(2.4)
+    long = tuner.next_epoch(history, epochs_left=7, match=match, sure_epochs=3)
+    assert long.system == both and long.inputs["gain"] == pytest.approx(3.6)
+
+
+def test_recurring_slow_steps_stay_in_the_steady_rate_a_rare_one_is_one_time():
+    import time
+
+    from pipetune.profiler import EpochProfiler
+    from pipetune.workloads import TrainStats
+
+    def epoch(slow_every, first_s=0.0):
+        def train(hook):
+            for i in range(60):
+                time.sleep(first_s if i == 0 else (0.03 if slow_every and i % slow_every == 0
+                                                   else 0.002))
+                hook()
+            return TrainStats(loss=0.0, samples=60, steps=60)
+        return EpochProfiler(perf="off").measure(train, profile_ops=False)[1]
+
+    once = epoch(0, first_s=0.3)            # one slow first step: a one-time cost
+    assert once.one_time_s == pytest.approx(0.3, abs=0.1)
+    assert once.steady_step_s < 0.01
+    recurring = epoch(5)                    # every 5th step slow: part of the rate
+    assert recurring.one_time_s < 0.05
+    assert recurring.steady_step_s > 0.006
+
+
+def test_a_compile_cache_name_stays_inside_the_cache():
+    from pipetune.errors import SpecError
+
+    for bad in ("..", "../x", "a/b", ".hidden"):
+        job = channels_last_job("cache")
+        job["pipetune"] = {"compile_cache": bad}
+        with pytest.raises(SpecError, match="pipetune.compile_cache"):
+            JobSpec.from_dict(job, machine=MACHINE)
+    job["pipetune"] = {"compile_cache": "bench-1.2_x"}
+    assert JobSpec.from_dict(job, machine=MACHINE).pipetune.compile_cache == "bench-1.2_x"

@@ -172,6 +172,7 @@ class GroundTruth:
         speedup: float | None = None,
         job_key: str = "",
         graph: str = "",
+        cost_unit: str = "",
     ) -> None:
         """Store the config a trial kept, under its epoch-1 profile. Safe across processes.
 
@@ -206,6 +207,8 @@ class GroundTruth:
             rec["job_key"] = str(job_key)
         if graph:
             rec["graph"] = str(graph)
+        if cost_unit:
+            rec["cost_unit"] = str(cost_unit)
         why = record_problem(rec)
         if why is not None:
             raise GroundTruthError(f"{why}; not recorded")
@@ -232,6 +235,7 @@ class GroundTruth:
         objective = check_objective(objective)
         recs = [r for r in self._store.read()
                 if r.get("job_key") == job_key and r.get("objective") == objective]
+        units = collections.Counter(r.get("cost_unit") for r in recs)
         if not job_key or not recs:
             return None
         best, costs = best_config(recs)
@@ -249,7 +253,8 @@ class GroundTruth:
             reason=f"known job {job_key[:12]}: {config.label()} chosen by {len(costs)} "
                    "trial(s)",
             one_time=median_of("one_time"), speedup=median_of("speedup"),
-            known_graph=graphs.most_common(1)[0][0])
+            known_graph=graphs.most_common(1)[0][0],
+            cost_unit=units.most_common(1)[0][0] if len(units) == 1 else None)
 
     def entries(self) -> list[GroundTruthEntry]:
         """Every (cluster, bucket, objective) with its best config, sorted by those keys."""

@@ -330,7 +330,7 @@ def record_problem(rec: Any) -> str | None:
         extra = sorted(set(features) - set(CLUSTER_FEATURES))
         return (f"features differ from the {len(CLUSTER_FEATURES)} the ground truth "
                 f"clusters on (missing {lacks}, extra {extra})")
-    for name in ("job_key", "graph"):  # optional strings
+    for name in ("job_key", "graph", "cost_unit"):  # optional strings
         if name in rec and not isinstance(rec[name], str):
             return f"{name} must be a string, got {rec[name]!r}"
     for name in ("one_time", "speedup"):  # optional; absent in records before them

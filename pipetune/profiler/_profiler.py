@@ -252,6 +252,8 @@ WARMUP_STEPS = 2
 #: A step slower than this many times the median is a one-time event (a recompile for
 #: a new batch shape, a loader worker starting late), not part of the steady rate.
 OUTLIER_FACTOR = 2.5
+#: ... as long as such steps are rare: at most 2, or this share of the steps.
+RARE_SHARE = 0.02
 
 
 def _split_one_time(clock: _StepClock, recorder: OpMixRecorder | None,
@@ -273,6 +275,10 @@ def _split_one_time(clock: _StepClock, recorder: OpMixRecorder | None,
         return (own_wall_s / steps if steps else 0.0), 0.0
     median = statistics.median(steady)
     kept = [d for d in steady if d <= OUTLIER_FACTOR * median] or steady
+    if len(steady) - len(kept) > max(2, RARE_SHARE * len(steady)):
+        # Slow steps that recur (a loader starved every few batches, contention) are
+        # part of the steady rate, not a one-time event.
+        kept = steady
     step_s = sum(kept) / len(kept)
     return step_s, max(0.0, own_wall_s - steps * step_s)
 

@@ -271,7 +271,7 @@ class PipetuneSpec(_Section):
     #: Which compile cache epochs under ``compile`` use: empty, the shared one
     #: (``compile-cache`` under the pipetune home, or ``$PIPETUNE_COMPILE_CACHE``); a
     #: name, a folder of that name inside it (the bench gives each strategy its own).
-    compile_cache: str = Field("", max_length=64, pattern=r"^[A-Za-z0-9_.-]*$")
+    compile_cache: str = Field("", max_length=64, pattern=r"^([A-Za-z0-9_-][A-Za-z0-9_.-]*)?$")
 
 
 class ProfilerSpec(_Section):

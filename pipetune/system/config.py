@@ -26,7 +26,7 @@ CUDA_KNOBS: tuple[str, ...] = ("tf32", "cudnn_benchmark")
 #: tuner weighs it against the epochs a trial has left.
 ONE_TIME_KNOBS: tuple[str, ...] = ("compile",)
 #: CPU flags (``/proc/cpuinfo``) that mean native bf16 arithmetic.
-CPU_BF16_FLAGS: tuple[str, ...] = ("avx512_bf16", "amx_bf16")
+CPU_BF16_FLAGS: tuple[str, ...] = ("avx512_bf16", "amx_bf16", "bf16")  # bf16: aarch64
 #: Where the CPU flags are read; the environment variable names another file (a
 #: container that hides ``/proc``, or a test that plays another processor).
 CPUINFO_ENV = "PIPETUNE_CPUINFO"
@@ -237,7 +237,8 @@ class SystemConfig:
             raise SystemConfigError(
                 f"{where}.precision",
                 "bf16 on the CPU needs native bf16 (CPU flag "
-                f"{' or '.join(CPU_BF16_FLAGS)}), which this processor lacks; use fp32",
+                f"{' or '.join(CPU_BF16_FLAGS[:2])}; on Arm bf16), which this processor "
+                "lacks; use fp32",
             )
 
     def one_time_knobs(self) -> tuple[str, ...]:
