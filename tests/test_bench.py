@@ -343,8 +343,11 @@ def test_a_real_bench_on_prefect_dask_and_mlflow(prefect_api_url, tmp_path):
     assert {k.data.tags["pipetune.strategy"] for k in kids} == set(STRATEGIES)
     plain = result.get("optuna-plain")
     assert plain.epochs_run >= 2 and plain.process_wall_s > plain.tuning_wall_s > 0
+    compiled = result.get("optuna-compiled")
+    assert compiled.epochs_run >= 2 and compiled.process_wall_s > compiled.tuning_wall_s > 0
+    assert (tmp_path / "out" / "compile-cache-optuna-compiled").is_dir()  # its own cache
     for kid in kids:
-        if kid.data.tags["pipetune.strategy"] == "optuna-plain":
+        if kid.data.tags["pipetune.strategy"] in ("optuna-plain", "optuna-compiled"):
             assert "pipetune.study_run_id" not in kid.data.tags  # no study flow behind it
             continue
         study_run = client.get_run(kid.data.tags["pipetune.study_run_id"])
