@@ -237,10 +237,11 @@ def cluster_core_budget(dask_address: str) -> int:
     return max(total, 1)
 
 
-def check_cluster_fits(client: Any, spec: Any) -> None:
+def check_cluster_fits(client: Any, spec: Any) -> MachineInfo | None:
     """Refuse a job whose default or candidate system configs ask for more cores than
     the cluster's largest worker advertises (such an epoch could never start), naming
-    the field, before the study records anything."""
+    the field, before the study records anything. Returns this machine as an epoch
+    sees it (its cores: the largest worker's), or None when no worker is up yet."""
     import dataclasses
 
     from pipetune.errors import SystemConfigError
@@ -249,7 +250,7 @@ def check_cluster_fits(client: Any, spec: Any) -> None:
     largest = max((int(w.get("resources", {}).get("cores", w.get("nthreads", 1)))
                    for w in workers.values()), default=0)
     if not largest:
-        return  # no worker yet: the backend waits for one, then refuses what cannot fit
+        return None  # no worker yet: the backend waits for one, then refuses what cannot fit
     machine = dataclasses.replace(MachineInfo.detect(), cores=largest)
     try:
         spec.system.check_machine(machine)
@@ -257,6 +258,7 @@ def check_cluster_fits(client: Any, spec: Any) -> None:
         raise SystemConfigError(
             e.field, f"{e.message} (the cluster's largest worker advertises {largest} "
             "cores)") from None
+    return machine
 
 
 def prepare_workload(client: Any, spec: Any, dask_address: str | None) -> str:

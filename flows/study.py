@@ -133,7 +133,8 @@ def study_flow(
     if dask_address:
         check_scheduler_address(dask_address, field="dask_address")
     client = client_for(dask_address)
-    check_cluster_fits(client, spec)
+    # What one epoch can claim (the largest worker's cores): the tuner never picks more.
+    machine = check_cluster_fits(client, spec)
     prepare_workload(client, spec, dask_address)  # its own module, on every worker
     if not resume:
         journal = StudyJournal(studies_root(), study_id).create(
@@ -157,7 +158,7 @@ def study_flow(
     study = Study(
         spec, study_id=study_id, checkpoints=checkpoints,
         ground_truth=ground_truth if spec.pipetune.enabled else None,
-        core_budget=core_budget, journal=journal,
+        core_budget=core_budget, journal=journal, machine=machine,
     )
     if resume:
         study.replay(journal.events(), checkpoint_exists=CheckpointStore.exists)

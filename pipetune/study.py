@@ -401,7 +401,7 @@ class Study:
             return None
         others = [t for t in self.trials.values()
                   if t.state == TrialState.RUNNING and t.trial_id != trial.trial_id]
-        return None if others else self.core_budget
+        return None if others else min(self.core_budget, self.tuner.machine.cores)
 
     def apply_decision(self, trial_id: int, decision: TuningDecision) -> EpochTask:
         """Queue the trial's next epoch under ``decision``; record the best config if told."""

@@ -272,6 +272,9 @@ def test_a_trial_alone_takes_the_idle_cores_only_if_its_own_wall_time_says_it_go
     # Training, measured: not a probe of the plan, so never recorded as the trial's pick.
     assert tried.phase is Phase.TRAIN and tried.system == two and "try cores=2" in tried.reason
     assert tuner.next_epoch(history, epochs_left=1, match=None, alone_cores=2).system == DEFAULT
+    # Never more than one epoch can claim (a team stack's 1-core workers).
+    small = SystemTuner(DEFAULT, {"channels_last": [True]}, machine=MachineInfo(cores=1))
+    assert small.next_epoch(history, epochs_left=5, match=None, alone_cores=2).system == DEFAULT
     # 1.6x faster in wall time (though 1.25x dearer in core-seconds): keep both cores.
     faster = [*history, wall_obs(3, "train", two, 0.00625)]
     kept = tuner.next_epoch(faster, epochs_left=4, match=None, alone_cores=2)
