@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pipetune.errors import SpecError
+from pipetune.errors import WorkloadParamError
 from pipetune.workloads._classifier import ClassifierData, HParam, TorchClassifierWorkload
 
 if TYPE_CHECKING:
@@ -149,10 +149,10 @@ class LeNet5Workload(TorchClassifierWorkload):
         data_dir = self.settings["data_dir"]
         if self.settings["dataset"] == "idx":
             if not data_dir:
-                raise SpecError("workload.params.data_dir", "is required when dataset is idx")
+                raise WorkloadParamError("data_dir", "is required when dataset is idx")
             self.settings["data_dir"] = str(Path(data_dir).expanduser())
         elif data_dir is not None:
-            raise SpecError("workload.params.data_dir", "is used only with dataset: idx")
+            raise WorkloadParamError("data_dir", "is used only with dataset: idx")
 
     def _load_data(self) -> ClassifierData:
         s = self.settings

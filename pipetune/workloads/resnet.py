@@ -40,15 +40,14 @@ Hyperparameters: ``lr`` (SGD learning rate, default 0.05), ``momentum`` (0.9, in
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from pipetune.errors import WorkloadParamError
-from pipetune.workloads._classifier import ClassifierData, HParam, TorchClassifierWorkload
-from pipetune.workloads.lenet import DATASETS, load_lenet_data
+from pipetune.workloads._classifier import ClassifierData, HParam
+from pipetune.workloads.lenet import LeNet5Workload
 
 #: Largest ``width`` and ``blocks`` accepted: far past what a CPU trains in minutes.
 MAX_WIDTH = 512
@@ -94,9 +93,9 @@ def build_resnet(num_classes: int, width: int = 24, blocks: int = 2) -> nn.Seque
     )
 
 
-class ResNetWorkload(TorchClassifierWorkload):
+class ResNetWorkload(LeNet5Workload):
     """A small residual CNN with batch norm on digits or MNIST-style IDX files; see the
-    module doc.
+    module doc. The data, its params and their checks are ``lenet5``'s (inherited).
 
     >>> w = ResNetWorkload(train_samples=200, val_samples=100, width=8, blocks=1)
     >>> w.setup({"lr": 0.05}, seed=0)
@@ -115,37 +114,17 @@ class ResNetWorkload(TorchClassifierWorkload):
         "weight_decay": HParam(0.0, float, 0.0, low_open=False),
     }
     param_defaults: ClassVar[dict[str, Any]] = {
-        "dataset": "digits",
-        "data_dir": None,
-        "train_samples": None,
-        "val_samples": None,
-        "data_seed": 0,
+        **LeNet5Workload.param_defaults,
         "width": 24,
         "blocks": 2,
     }
 
     def _check_params(self) -> None:
-        self._choice_param("dataset", DATASETS)
-        for name in ("train_samples", "val_samples"):
-            self._int_param(name)
-        self._int_param("data_seed", minimum=0, optional=False)
+        super()._check_params()
         for name, top in (("width", MAX_WIDTH), ("blocks", MAX_BLOCKS)):
             value = self.settings[name]
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= top:
                 raise WorkloadParamError(name, f"must be an integer in [1, {top}], got {value!r}")
-        data_dir = self.settings["data_dir"]
-        if self.settings["dataset"] == "idx":
-            if not data_dir:
-                raise WorkloadParamError("data_dir", "is required when dataset is idx")
-            self.settings["data_dir"] = str(Path(data_dir).expanduser())
-        elif data_dir is not None:
-            raise WorkloadParamError("data_dir", "is used only with dataset: idx")
-
-    def _load_data(self) -> ClassifierData:
-        s = self.settings
-        return load_lenet_data(
-            s["dataset"], s["data_dir"], s["train_samples"], s["val_samples"], s["data_seed"]
-        )
 
     def _build_model(self, data: ClassifierData, hparams: Mapping[str, Any]) -> nn.Module:
         return build_resnet(data.num_classes, self.settings["width"], self.settings["blocks"])
