@@ -407,3 +407,31 @@ def test_a_compile_cache_name_stays_inside_the_cache():
             JobSpec.from_dict(job, machine=MACHINE)
     job["pipetune"] = {"compile_cache": "bench-1.2_x"}
     assert JobSpec.from_dict(job, machine=MACHINE).pipetune.compile_cache == "bench-1.2_x"
+
+
+def test_a_compile_that_pays_on_one_workload_is_checked_not_trusted_on_a_lookalike(tmp_path):
+    """Two jobs of one profile (the same model and data; only the known sleep differs):
+    compile pays on the first and loses on the second. The second matches the first's
+    cluster, tries the reused compile once, sees it run slower than its own default,
+    and drops it."""
+    gt = GroundTruth(tmp_path / "gt.json")
+    pays = run_job(tmp_path / "a", one_time_job("pays", max_epochs=4), gt)
+    assert pays.trials[0].recorded == COMPILED
+    loses = one_time_job("loses", max_epochs=4)
+    loses["workload"]["params"].update(cost_by_knob={"compile": {"false": 0.6, "true": 1.2}},
+                                       one_time_by_knob={"compile": {"true": 0.2}})
+    other = run_job(tmp_path / "b", loses, gt)
+    trial = other.trials[0]
+    assert trial.match is not None and trial.match.hit and trial.match.known_graph is None
+    # Projected on its own rate (3 sure epochs x 0.6 s x (1 - 1/7.7) > 1.2 s once), the
+    # reused compile is tried once, runs 2x slower than this trial's default, is dropped.
+    assert [r.system.compile for r in trial.results] == [False, True, False, False]
+    assert "compile pays" in trial.decisions[1].reason
+    assert "this trial's default: miss" in trial.decisions[2].reason
+    # A lookalike whose default is already fast is not even tried: on its own rate the
+    # recorded speed-up saves less than the recorded compile costs.
+    fast = one_time_job("fast", max_epochs=4)
+    fast["workload"]["params"].update(cost_by_knob={"compile": {"false": 0.05, "true": 0.8}})
+    quick = run_job(tmp_path / "c", fast, gt).trials[0]
+    assert [r.system.compile for r in quick.results] == [False, False, False, False]
+    assert "compile does not pay" in quick.decisions[1].reason
