@@ -310,7 +310,7 @@ class Study:
             epoch=result.epoch,
             phase=result.phase,
             system=result.system,
-            cost=result.cost(self.objective) * scale,
+            cost=self.epoch_cost(result),
             steady=m.steady_cost(self.objective) * scale,
             one_time=m.one_time_cost(self.objective) * scale,
             samples=m.samples,

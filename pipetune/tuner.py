@@ -381,8 +381,7 @@ class SystemTuner:
         once the trial's sure epochs are known), if this machine can run it."""
         if match is None or not match.hit or match.known_graph is None or match.config is None:
             return None
-        config = match.config
-        config = config.replace(**{k: getattr(self.default, k) for k in config.one_time_knobs()})
+        config = self._without_one_time(match.config)
         try:
             config.check_machine(self.machine)
         except SystemConfigError:

@@ -177,8 +177,10 @@ class GroundTruth:
         """Store the config a trial kept, under its epoch-1 profile. Safe across processes.
 
         ``one_time`` (what the config cost once, e.g. compiling) and ``speedup`` (its
-        steady cost per sample against the trial's default) let a later trial weigh a
-        one-time knob against the epochs it has left without probing it.
+        steady rate against the same config without its one-time knobs; for a config
+        without any, against the trial's default) let a later trial weigh a one-time
+        knob against the epochs it has left without probing it. ``job_key``, ``graph``
+        and ``cost_unit`` let :meth:`known` answer for this very job.
 
         The record is checked by the rule records are read with (finite features and
         cost, ...); one that would not read back raises :class:`GroundTruthError` and
@@ -230,29 +232,26 @@ class GroundTruth:
         import json
         import statistics
 
-        from pipetune.groundtruth.model import best_config, config_key
+        from pipetune.groundtruth.model import best_config, config_key, median_field
 
         objective = check_objective(objective)
+        if not job_key:
+            return None
         recs = [r for r in self._store.read()
                 if r.get("job_key") == job_key and r.get("objective") == objective]
-        units = collections.Counter(r.get("cost_unit") for r in recs)
-        if not job_key or not recs:
+        if not recs:
             return None
+        units = collections.Counter(r.get("cost_unit") for r in recs)
         best, costs = best_config(recs)
         behind = [r for r in recs if config_key(r) == best]
         graphs = collections.Counter(r.get("graph", "") for r in behind)
-
-        def median_of(name: str) -> float | None:
-            values = [float(r[name]) for r in behind if r.get(name) is not None]
-            return float(statistics.median(values)) if values else None
-
         config = SystemConfig.from_dict(json.loads(best))
         return GroundTruthMatch(
             hit=True, config=config, cost=float(statistics.median(costs)), cluster=None,
             bucket=None, distance=0.0, bound=0.0, support=len(costs),
             reason=f"known job {job_key[:12]}: {config.label()} chosen by {len(costs)} "
                    "trial(s)",
-            one_time=median_of("one_time"), speedup=median_of("speedup"),
+            one_time=median_field(behind, "one_time"), speedup=median_field(behind, "speedup"),
             known_graph=graphs.most_common(1)[0][0],
             cost_unit=units.most_common(1)[0][0] if len(units) == 1 else None)
 

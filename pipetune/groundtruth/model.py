@@ -301,15 +301,16 @@ def best_config(recs: list[dict[str, Any]]) -> tuple[str, list[float]]:
     return best, by_config[best]
 
 
+def median_field(recs: list[dict[str, Any]], name: str) -> float | None:
+    """The median of the optional number ``name`` over the ``recs`` that carry it."""
+    values = [float(r[name]) for r in recs if r.get(name) is not None]
+    return float(statistics.median(values)) if values else None
+
+
 def _best_entry(gkey: tuple[int, int, str], recs: list[dict[str, Any]]) -> GroundTruthEntry:
     best, costs = best_config(recs)
     cluster, bucket_, objective = gkey
     behind = [r for r in recs if config_key(r) == best]
-
-    def median_of(name: str) -> float | None:
-        values = [float(r[name]) for r in behind if r.get(name) is not None]
-        return float(statistics.median(values)) if values else None
-
     return GroundTruthEntry(
         cluster=cluster,
         bucket=bucket_,
@@ -317,8 +318,8 @@ def _best_entry(gkey: tuple[int, int, str], recs: list[dict[str, Any]]) -> Groun
         config=SystemConfig.from_dict(json.loads(best)),
         cost=float(statistics.median(costs)),
         support=len(costs),
-        one_time=median_of("one_time"),
-        speedup=median_of("speedup"),
+        one_time=median_field(behind, "one_time"),
+        speedup=median_field(behind, "speedup"),
     )
 
 
