@@ -11,6 +11,10 @@ from __future__ import annotations
 class PipetuneError(Exception):
     """Base of every error pipetune raises on purpose."""
 
+    #: The command line's exit code for it: 2, a user error refused before or while
+    #: starting; a subclass for a study that ran and failed says 1.
+    exit_code = 2
+
 
 class SpecError(PipetuneError):
     """A job spec (or a value in it) is invalid.
@@ -63,6 +67,15 @@ class ConfinementError(SpecError):
 
 class WorkloadError(PipetuneError):
     """A workload could not be found, built or trained."""
+
+
+class BrokenWorkload(WorkloadError):
+    """The study stopped because its trials kept failing with the same error before any
+    epoch finished: the workload's code is broken, not one trial's hyperparameters.
+    The message is one line naming the workload, the exception and where its whole
+    traceback is. Exit code 1: the study ran and failed."""
+
+    exit_code = 1
 
 
 class StorageError(PipetuneError):

@@ -11,8 +11,10 @@ Each command group registers its parser with an ``add_*(subparsers)`` function t
 sets ``run`` to a function ``(args) -> int``. Imports of the library (and so of
 torch) happen inside those functions, so ``pipetune --help`` stays fast.
 
-Exit codes: 0 success, 2 a user error (a :class:`~pipetune.errors.PipetuneError`,
-printed as one ``error: ...`` line, no traceback).
+Exit codes: 0 success; 1 a study that ran and failed (every trial failed, or it
+stopped on a broken workload: :class:`~pipetune.errors.BrokenWorkload`); 2 a user
+error (a :class:`~pipetune.errors.PipetuneError`, printed as one ``error: ...`` line,
+no traceback); ``128 + signum`` stopped by a signal.
 """
 
 from __future__ import annotations
@@ -136,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.run(args)
     except PipetuneError as e:
         _error(str(e))
-        return EXIT_USAGE
+        return e.exit_code
     except KeyboardInterrupt as e:
         signum = getattr(e, "signum", signal.SIGINT)
         _error(str(e) or "interrupted")
