@@ -6,6 +6,11 @@ strategies see the same machine in turn. The driver captures each study's engine
 through the progress listener (the flow runs in this process) to read the per-epoch
 figures the flow's summary does not return: orchestration overhead, the epoch times
 of the best trial, the oracle's per-config training times.
+
+A strategy that fails (the study flow refuses or stops on a broken workload with a
+:class:`~pipetune.errors.PipetuneError`; the Optuna child process fails, or every one
+of its trials does) is recorded as failed with its one-line reason, and the bench goes
+on with the next one. Anything else (Ctrl-C, a bug) ends the bench.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from pipetune.bench import (
     strategy_spec,
     write_report,
 )
+from pipetune.bench_optuna import OptunaRunFailed
+from pipetune.errors import BrokenWorkload, PipetuneError
 from pipetune.progress import add_listener, remove_listener
 from pipetune.remote import default_address
 from pipetune.spec import JobSpec
@@ -53,13 +60,15 @@ def run_study(
     checkpoint_root: str,
     groundtruth_path: str,
     dask_address: str | None = None,
+    seen: list[Any] | None = None,
 ) -> tuple[dict[str, Any], Any]:
     """Run one study flow on the cluster at ``dask_address`` (default: this process's
     embedded cluster, started once and shared by every strategy); return its summary
-    and the engine it drove."""
+    and the engine it drove. ``seen`` collects the engines the flow drove (the study
+    of a flow that raised is its last)."""
     from flows.study import study_flow
 
-    seen: list[Any] = []
+    seen = [] if seen is None else seen
 
     def capture(study: Any) -> None:
         if not seen or seen[-1] is not study:
@@ -103,6 +112,16 @@ def run_optuna_plain(spec: JobSpec, out: Path, *, cores: int,
     return result_from_optuna(run_subprocess(job_file, n_jobs=cores, env=env), name)
 
 
+def _failure_reason(error: PipetuneError | OptunaRunFailed) -> str:
+    """One line: what a broken workload or a failed Optuna child said, else the refusal
+    with its type."""
+    if isinstance(error, OptunaRunFailed):
+        return f"the Optuna process exited {error.exit_code}: {error.reason}"
+    if isinstance(error, BrokenWorkload):
+        return str(error)
+    return f"{type(error).__name__}: {error}"
+
+
 def run_bench(
     job: BenchJob,
     *,
@@ -115,7 +134,9 @@ def run_bench(
     machine: MachineInfo | None = None,
 ) -> tuple[BenchResult, dict[str, Path]]:
     """Run ``strategies`` (then the oracle) on ``job``; write the report to ``out_dir``
-    and the bench to MLflow. Returns the result and the report's paths."""
+    and the bench to MLflow. Returns the result and the report's paths. A strategy that
+    fails is in the result as failed (:attr:`StrategyResult.failed`, its reason) and
+    the bench goes on; the oracle runs when some strategy found best params."""
     machine = machine or MachineInfo.detect()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -136,35 +157,49 @@ def run_bench(
     )
     try:
         for name in strategies:
-            spec = strategy_spec(name, job.spec, machine)
-            if spec.pipetune.enabled:  # cold compiles into a fresh cache, warm reuses it
-                spec = spec.model_copy(update={"pipetune": spec.pipetune.model_copy(
-                    update={"compile_cache": f"bench-{tracker.run_id[:12]}"})})
-            if GROUNDTRUTH_USE[name] == "fresh" and groundtruth.exists():
-                groundtruth.unlink()
-            _say(f"{name}: {spec.search.trials} trials, default [{spec.system.default.label()}],"
-                 f" max_concurrent {spec.search.max_concurrent}, pipetune "
-                 f"{'on' if spec.pipetune.enabled else 'off'}")
-            if name in OPTUNA:
-                result = run_optuna_plain(spec, out, cores=machine.cores, name=name)
-            else:
-                call_started = time.time()
-                summary, study = run_study(
-                    spec, name=name, tracking_uri=tracking_uri,
-                    checkpoint_root=checkpoint_root, groundtruth_path=str(groundtruth),
-                    dask_address=dask_address,
-                )
-                result = dataclasses.replace(
-                    result_from_study(name, study, summary["tuning_wall_s"],
-                                      summary["parent_run_id"]),
-                    process_wall_s=time.time() - call_started)
+            spec: JobSpec | None = None
+            seen: list[Any] = []
+            call_started = time.time()
+            try:
+                spec = strategy_spec(name, job.spec, machine)
+                if spec.pipetune.enabled:  # cold compiles into a fresh cache, warm reuses it
+                    spec = spec.model_copy(update={"pipetune": spec.pipetune.model_copy(
+                        update={"compile_cache": f"bench-{tracker.run_id[:12]}"})})
+                if GROUNDTRUTH_USE[name] == "fresh" and groundtruth.exists():
+                    groundtruth.unlink()
+                _say(f"{name}: {spec.search.trials} trials, default "
+                     f"[{spec.system.default.label()}], max_concurrent "
+                     f"{spec.search.max_concurrent}, pipetune "
+                     f"{'on' if spec.pipetune.enabled else 'off'}")
+                if name in OPTUNA:
+                    result = run_optuna_plain(spec, out, cores=machine.cores, name=name)
+                else:
+                    summary, study = run_study(
+                        spec, name=name, tracking_uri=tracking_uri,
+                        checkpoint_root=checkpoint_root, groundtruth_path=str(groundtruth),
+                        dask_address=dask_address, seen=seen,
+                    )
+                    result = dataclasses.replace(
+                        result_from_study(name, study, summary["tuning_wall_s"],
+                                          summary["parent_run_id"]),
+                        process_wall_s=time.time() - call_started)
+            except (PipetuneError, OptunaRunFailed) as e:
+                run_id = tracker.study_run_of(seen[-1].study_id) if seen else None
+                result = StrategyResult.failure(name, _failure_reason(e), study_run_id=run_id)
+            finally:
+                shutil.rmtree(checkpoints, ignore_errors=True)
             results.append(result)
             tracker.log_strategy(result, spec)
-            _say(f"{name}: {result.tuning_wall_s:.1f} s, best {result.best_value}, "
-                 f"{result.epochs_run} epochs ({result.probe_epochs} probes), "
-                 f"system [{result.chosen_system}]")
-            shutil.rmtree(checkpoints, ignore_errors=True)
+            if result.failed is not None:
+                _say(f"{name}: FAILED after {time.time() - call_started:.1f} s, going on: "
+                     f"{result.failed}")
+            else:
+                _say(f"{name}: {result.tuning_wall_s:.1f} s, best {result.best_value}, "
+                     f"{result.epochs_run} epochs ({result.probe_epochs} probes), "
+                     f"system [{result.chosen_system}]")
         params = best_params_overall(results, job.spec.objective.mode)
+        if oracle and params is None:
+            _say("oracle: skipped, no strategy found best params")
         if oracle and params is not None:
             spec = oracle_spec(job.spec, params, machine)
             _say(f"oracle: {params} under {spec.search.trials} system configs")

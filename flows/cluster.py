@@ -237,28 +237,29 @@ def cluster_core_budget(dask_address: str) -> int:
     return max(total, 1)
 
 
-def check_cluster_fits(client: Any, spec: Any) -> MachineInfo | None:
-    """Refuse a job whose default or candidate system configs ask for more cores than
-    the cluster's largest worker advertises (such an epoch could never start), naming
-    the field, before the study records anything. Returns this machine as an epoch
-    sees it (its cores: the largest worker's), or None when no worker is up yet."""
-    import dataclasses
+def check_cluster_fits(client: Any, spec: Any, *, embedded: bool = False) -> tuple[Any, ...]:
+    """The job as the cluster can run it: ``(machine, spec, drops)``.
 
-    from pipetune.errors import SystemConfigError
+    Space values needing more cores than the cluster's largest worker advertises (such
+    an epoch could never start) are left out of ``spec`` and listed in ``drops``
+    (:meth:`pipetune.spec.JobSpec.fit`); a default, or a knob none of whose values fits,
+    is refused, naming the field, before the study records anything. ``machine`` is
+    this machine as an epoch sees it (its cores: the largest worker's), or None when no
+    worker is up yet (then nothing is dropped: the backend waits for a worker and
+    refuses what cannot fit). ``embedded``: the workers are this machine's own."""
+    import dataclasses
 
     workers = client.scheduler_info(n_workers=-1).get("workers", {})
     largest = max((int(w.get("resources", {}).get("cores", w.get("nthreads", 1)))
                    for w in workers.values()), default=0)
     if not largest:
-        return None  # no worker yet: the backend waits for one, then refuses what cannot fit
+        return None, spec, ()
     machine = dataclasses.replace(MachineInfo.detect(), cores=largest)
-    try:
-        spec.system.check_machine(machine)
-    except SystemConfigError as e:
-        raise SystemConfigError(
-            e.field, f"{e.message} (the cluster's largest worker advertises {largest} "
-            "cores)") from None
-    return machine
+    cores = f"{largest} core" if largest == 1 else f"{largest} cores"
+    note = (f"this machine has {cores}" if embedded
+            else f"the cluster's largest worker advertises {cores}")
+    fitted, drops = spec.fit(machine, cores_note=note)
+    return machine, fitted, drops
 
 
 def prepare_workload(client: Any, spec: Any, dask_address: str | None) -> str:

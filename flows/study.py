@@ -13,6 +13,7 @@ runs: the engine cost the loop ~75 ms per epoch).
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 import uuid
 from typing import Any, Literal
@@ -33,6 +34,7 @@ from flows.params import CoreBudget, JobArgument, TrialsOverride
 from pipetune.backends import DaskBackend
 from pipetune.checkpoints import CheckpointStore, default_checkpoint_root, resolve_checkpoint_root
 from pipetune.confine import confine_parameters, confine_resumed, enforced
+from pipetune.errors import BrokenWorkload, PipetuneError
 from pipetune.groundtruth import GroundTruth
 from pipetune.journal import StudyJournal, find_study, studies_root
 from pipetune.progress import notify
@@ -133,14 +135,24 @@ def study_flow(
     if dask_address:
         check_scheduler_address(dask_address, field="dask_address")
     client = client_for(dask_address)
-    # What one epoch can claim (the largest worker's cores): the tuner never picks more.
-    machine = check_cluster_fits(client, spec)
+    # What one epoch can claim (the largest worker's cores): the tuner never picks more;
+    # space values past it are left out, each knob's with one warning line.
+    machine, spec, dropped = check_cluster_fits(client, spec, embedded=dask_address is None)
+    for drop in dropped:  # pipetune's CLI shows it as its own `warning:` line
+        logger.warning("%s", drop.line(), extra={"pipetune_notice": "warning"})
+    space_dropped = {d.knob: d.to_dict() for d in dropped}
     prepare_workload(client, spec, dask_address)  # its own module, on every worker
     if not resume:
         journal = StudyJournal(studies_root(), study_id).create(
             job=spec.to_dict(), job_name=spec.name, tracking_uri=tracking_uri,
-            checkpoint_root=checkpoint_root, groundtruth_path=groundtruth_path)
+            checkpoint_root=checkpoint_root, groundtruth_path=groundtruth_path,
+            space_dropped=space_dropped)
+    elif space_dropped:
+        journal.update(space_dropped={**journal.header().get("space_dropped", {}),
+                                      **space_dropped})
     tags = {"prefect.flow_run_id": str(flow_run.id or ""), "pipetune.study_id": study_id}
+    if space_dropped:
+        tags["pipetune.space_dropped"] = json.dumps(space_dropped, sort_keys=True)
     if deployment_id:
         tags["prefect.deployment_id"] = deployment_id
         tags["prefect.deployment_name"] = str(deployment.name or "")
@@ -166,7 +178,7 @@ def study_flow(
                     study.resumed_epochs)
     tracker.reopen_trials(
         [t.trial_id for t in study.trials.values() if t.state == TrialState.RUNNING])
-    journal.update(status="running", parent_run_id=tracker.parent_run_id,
+    journal.update(status="running", reason=None, parent_run_id=tracker.parent_run_id,
                    flow_run_id=str(flow_run.id or ""))
     _link_mlflow_run(tracker, tracking_uri)
     logger.info("study %s: MLflow parent run %s", study_id, tracker.parent_run_id)
@@ -178,8 +190,11 @@ def study_flow(
 
     def on_step(event: StepEvent) -> None:
         if event.ended:
-            if event.result is None:
-                logger.warning("trial %s failed: %s", event.trial.trial_id, event.trial.error)
+            if event.result is None:  # one line; the traceback is in the file and on MLflow
+                where = (f" (traceback: {event.trial.traceback_file})"
+                         if event.trial.traceback_file else "")
+                logger.warning("trial %s failed: %s%s", event.trial.trial_id,
+                               event.trial.error, where, extra={"pipetune_notice": "warning"})
             tracker.end_trial(event.trial, metric=study.metric)
             checkpoints.prune_trial(event.trial.results, study.metric, study.mode)
         notify(study)
@@ -192,6 +207,9 @@ def study_flow(
             lookup=lambda trial_id: _lookup(study, record, trial_id),
             decide=lambda trial_id, epoch: _decide(study, record, trial_id, epoch),
         )
+        if study.broken is not None:  # trials kept failing the same way: the code is broken
+            raise BrokenWorkload(f"{study.broken.line} (and traceback.txt on the MLflow run "
+                                 f"of trial {study.broken.trial_id})")
         extra = _evaluate_best(study, backend)
         extra["checkpoints_pruned"] = float(checkpoints.wait_pruned())
         wall_s = time.time() - started
@@ -201,11 +219,13 @@ def study_flow(
     except BaseException as stop:
         # Ctrl-C, pipetune's own SIGTERM/SIGHUP (Stopped), or Prefect's SIGTERM handler
         stopped = isinstance(stop, KeyboardInterrupt | TerminationSignal)
+        reason = str(stop) if isinstance(stop, PipetuneError) else f"{type(stop).__name__}: {stop}"
         with contextlib.suppress(Exception):  # resumable with --resume either way
-            journal.update(status="stopped" if stopped else "failed")
+            journal.update(status="stopped" if stopped else "failed", reason=reason)
             journal.close()
         record.cancel_open()
-        tracker.fail(status="KILLED" if stopped else "FAILED", timeout=3 if stopped else 120)
+        tracker.fail(status="KILLED" if stopped else "FAILED", timeout=3 if stopped else 120,
+                     reason=reason)
         with contextlib.suppress(Exception):
             record.close(timeout=1 if stopped else 60)
         raise
@@ -237,7 +257,7 @@ def study_flow(
             {"trial": t.trial_id, "outcome": t.state, "epochs": t.epochs_run,
              "probe_epochs": t.probe_epochs, study.metric: t.last_value(study.metric),
              "system": t.final_system.label() if t.final_system else "",
-             "error": t.error or ""}
+             "error": t.error or "", "traceback": t.traceback_file or ""}
             for t in sorted(study.trials.values(), key=lambda t: t.trial_id)
         ],
     }

@@ -38,6 +38,7 @@ _MODULE_STARTED = time.time()
 import argparse  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Mapping, Sequence  # noqa: E402
 from dataclasses import asdict, dataclass, field  # noqa: E402
@@ -239,6 +240,43 @@ def _row(trial: Any) -> OptunaTrialRow:
 # -- the run ---------------------------------------------------------------------------
 
 
+#: A line that names an exception: ``ValueError: ...`` or ``pkg.mod.SomeError: ...`` as
+#: a traceback ends, or a bare ``KeyboardInterrupt``.
+_EXCEPTION_LINE = re.compile(
+    r"^(?:[A-Za-z_]\w*\.)*(?:\w*(?:Error|Exception|Interrupt|Exit|Failure)|Broken\w*)"
+    r"(?::|$)")
+
+
+def failure_line(stderr: str, limit: int = 300) -> str:
+    """The line of a failed child's ``stderr`` that says what went wrong: the last one
+    naming an exception (how a traceback ends) or this module's own ``optuna-plain: ...``
+    refusal, else the last line; cut at ``limit`` characters.
+
+    >>> failure_line("Traceback (most recent call last):\\n  ...\\nZeroDivisionError: x\\n")
+    'ZeroDivisionError: x'
+    """
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    pick = next((line for line in reversed(lines)
+                 if _EXCEPTION_LINE.match(line) or line.startswith(f"{STRATEGY}: ")),
+                lines[-1] if lines else "nothing on stderr")
+    return pick if len(pick) <= limit else pick[: limit - 3].rstrip() + "..."
+
+
+class OptunaRunFailed(RuntimeError):
+    """The ``optuna-plain`` child process failed: ``exit_code`` (negative: killed by that
+    signal), ``reason`` (one line, :func:`failure_line`), ``stderr_tail`` (its last
+    2000 characters)."""
+
+    def __init__(self, exit_code: int, stderr: str):
+        self.exit_code = exit_code
+        self.reason = failure_line(stderr)
+        self.stderr_tail = stderr.strip()[-2000:]
+        super().__init__(f"{STRATEGY} run failed (exit {exit_code}): {self.stderr_tail}")
+
+    def __reduce__(self):
+        return (type(self), (self.exit_code, self.stderr_tail))
+
+
 def run_optuna_plain(
     spec: JobSpec,
     *,
@@ -333,8 +371,9 @@ def run_subprocess(
     """Run :func:`main` in a fresh Python process and read its result back.
 
     ``process_wall_s`` then counts from just before the process is spawned (interpreter
-    start and every import included). Raises :class:`RuntimeError` with the child's
-    stderr tail when it fails.
+    start and every import included). Raises :class:`OptunaRunFailed` (a
+    :class:`RuntimeError` with the child's stderr tail and, as ``reason``, the one line
+    that says what went wrong) when it fails.
     """
     import os
     import subprocess
@@ -358,8 +397,7 @@ def run_subprocess(
             check=False,
         )
         if proc.returncode != 0 or not out.exists():
-            tail = proc.stderr.strip()[-2000:]
-            raise RuntimeError(f"{STRATEGY} run failed (exit {proc.returncode}): {tail}")
+            raise OptunaRunFailed(proc.returncode, proc.stderr)
         return OptunaPlainResult.from_dict(json.loads(out.read_text(encoding="utf-8")))
 
 
@@ -403,8 +441,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 __all__ = [
     "STRATEGY",
     "OptunaPlainResult",
+    "OptunaRunFailed",
     "OptunaTrialRow",
     "check_space",
+    "failure_line",
     "main",
     "make_objective",
     "make_pruner",

@@ -14,7 +14,9 @@ Layout, under ``$PIPETUNE_HOME/studies/<study_id>/``:
   ``failed``, ``stopped``), MLflow parent run id, Prefect flow run id, stores used;
 - ``events.jsonl``: one JSON object per line, ``{"seq", "kind", "trial", "data"}``,
   ``data`` the event's pickled payload (base64). A line cut short by a crash is the
-  last one and is ignored.
+  last one and is ignored. ``broken`` (the study stopped on a broken workload) is not
+  replayed: a resumed study goes on;
+- ``failures/trial-T-epoch-E.txt``: the whole traceback of each epoch that raised.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from pipetune.errors import PipetuneError
 
 #: Header states ``--resume`` without a study id picks from (``finished`` is the other).
 UNFINISHED = ("running", "stopped", "failed")
-KINDS = ("start", "result", "failed", "match", "decision", "unconfirmed")
+KINDS = ("start", "result", "failed", "match", "decision", "unconfirmed", "broken")
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,15 @@ class StudyJournal:
                                "data": payload.decode("ascii")})
             self._fh.write(line.encode("ascii") + b"\n")
             self._fh.flush()
+
+    def write_traceback(self, trial: int, epoch: int, text: str) -> Path:
+        """Keep a failed epoch's whole traceback as ``failures/trial-T-epoch-E.txt`` in
+        the study's folder; return its path."""
+        folder = self.folder / "failures"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"trial-{trial}-epoch-{epoch}.txt"
+        path.write_text(text, encoding="utf-8")
+        return path
 
     def _open_for_append(self) -> None:
         """Cut a line a crash left torn (so the next event starts a line of its own),

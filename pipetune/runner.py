@@ -58,6 +58,68 @@ class EpochTask:
 
 
 @dataclass(frozen=True)
+class EpochFailure:
+    """An epoch that raised, as the worker saw it: sent back as the epoch's answer (not
+    raised through the executor, whose own failure logging would print the traceback
+    as a string on the terminal for every trial).
+
+    ``where`` is the innermost frame of the traceback outside installed libraries and
+    the standard library (the user's code, or pipetune's loop calling it), else the
+    innermost frame: two failures with the same ``kind`` are the same bug even when
+    their messages differ by a shape or a value.
+    """
+
+    type: str
+    message: str
+    traceback: str
+    where: str = ""
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, skip: int = 0) -> EpochFailure:
+        """``exc`` as a failure; ``skip``: frames of the caller's own to leave out."""
+        import traceback as tb
+
+        trace = exc.__traceback__
+        for _ in range(skip):
+            trace = trace.tb_next if trace is not None and trace.tb_next else trace
+        frames = tb.extract_tb(trace)
+        own = [f for f in frames if not _library_frame(f.filename)]
+        frame = (own or frames)[-1] if frames else None
+        where = f"{frame.filename}:{frame.lineno} in {frame.name}" if frame else ""
+        text = "".join(tb.format_exception(type(exc), exc, trace))
+        return cls(type=type(exc).__name__, message=str(exc), traceback=text, where=where)
+
+    @property
+    def kind(self) -> tuple[str, str]:
+        """What makes two failures the same: the exception's type and where it was raised."""
+        return self.type, self.where or self.message
+
+    def line(self, limit: int = 300) -> str:
+        """``Type: message`` on one line (the message's first line, cut at ``limit``)."""
+        first = (self.message.strip().splitlines() or [""])[0]
+        if len(first) > limit:
+            first = first[: limit - 3].rstrip() + "..."
+        return f"{self.type}: {first}" if first else self.type
+
+
+def _library_frame(filename: str) -> bool:
+    import sysconfig
+
+    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return ("site-packages" in filename or "dist-packages" in filename
+            or any(filename.startswith(r) for r in roots) or filename.startswith("<"))
+
+
+def failing_safely(run: Any, task: EpochTask, **kwargs: Any) -> EpochResult | EpochFailure:
+    """``run(task, **kwargs)``, with an exception it raises returned as an
+    :class:`EpochFailure` (what the executors send back for a failed epoch)."""
+    try:
+        return run(task, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - the study decides what a failure means
+        return EpochFailure.from_exception(exc, skip=1)
+
+
+@dataclass(frozen=True)
 class EpochResult:
     """What one epoch did, returned to the study loop."""
 

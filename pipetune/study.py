@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pipetune.replay import replay as replay_journal
 from pipetune.reports import StudySummary, study_summary
-from pipetune.runner import EpochResult, EpochTask
+from pipetune.runner import EpochFailure, EpochResult, EpochTask
 from pipetune.schedulers import Decision, make_scheduler
 from pipetune.searchers import TrialState, make_searcher
 from pipetune.spec import split_system_params
@@ -39,7 +39,8 @@ if TYPE_CHECKING:
     from pipetune.journal import Event, StudyJournal
     from pipetune.spec import JobSpec
 
-__all__ = ["StepEvent", "Study", "StudyStuck", "StudySummary", "Trial", "run_study_locally"]
+__all__ = ["Broken", "StepEvent", "Study", "StudyStuck", "StudySummary", "Trial",
+           "run_study_locally"]
 
 
 #: A known job's first epoch confirms its config unless its steady cost is more than
@@ -52,6 +53,19 @@ KNOWN_FLOOR = 0.05
 
 class StudyStuck(RuntimeError):
     """The engine has nothing to run and nothing running, yet the study is not done."""
+
+
+class Broken:
+    """Why a study stopped on a broken workload: ``line`` says it in one line (the
+    workload, the exception and its message, where the whole traceback is)."""
+
+    def __init__(self, line: str, trial_id: int, traceback_file: str | None):
+        self.line = line
+        self.trial_id = trial_id
+        self.traceback_file = traceback_file
+
+    def __repr__(self) -> str:
+        return f"Broken({self.line!r})"
 
 
 class Study:
@@ -112,6 +126,12 @@ class Study:
         self._replaying = False
         #: Epochs that had finished before this study was resumed (not run again).
         self.resumed_epochs = 0
+        #: Set when trials kept failing the same way before any epoch finished
+        #: (``search.stop_after_failures``): nothing more is started, the study ends.
+        self.broken: Broken | None = None
+        #: Failures of this run by kind (:attr:`EpochFailure.kind`), counted until an
+        #: epoch of the study finishes.
+        self._same_failures: Counter[tuple[str, str]] = Counter()
 
     def _probe_core_limit(self, spec: JobSpec) -> int | None:
         """When trials run side by side and their defaults already fill the cores, and
@@ -211,7 +231,8 @@ class Study:
             else:
                 waiting.append(task)
         self._queue = waiting
-        while not self._queue and self._active() < self.spec.search.max_concurrent:
+        while (not self._queue and self._active() < self.spec.search.max_concurrent
+               and self._may_start()):
             task = self._start_trial()
             if task is None:
                 break
@@ -227,12 +248,30 @@ class Study:
             times[1] = now
         return out
 
+    def _may_start(self) -> bool:
+        """Whether a new trial may start. Not once the study is broken; and while no
+        epoch has finished, only as many as could still fail the same way before the
+        study stops (``search.stop_after_failures``): a broken workload starts at most
+        that many trials. (With the default limit, ``max_concurrent + 1``, nothing is
+        held back until a trial has failed.)"""
+        if self.broken is not None:
+            return False
+        limit = self.spec.search.failure_limit
+        if not limit or self._any_epoch_finished():
+            return True
+        return self._active() + max(self._same_failures.values(), default=0) < limit
+
+    def _any_epoch_finished(self) -> bool:
+        return any(t.results for t in self.trials.values())
+
     @property
     def in_flight(self) -> int:
         return len(self._in_flight)
 
     @property
     def done(self) -> bool:
+        if self.broken is not None:
+            return not self._in_flight
         return (
             not self._in_flight
             and not self._queue
@@ -256,6 +295,8 @@ class Study:
             self._end(trial, TrialState.FAILED, error=f"metric {self.metric!r} missing or NaN")
             return Decision.STOP
         decision = self.scheduler.on_epoch_result(result.trial_id, result.epoch, value)
+        if self.broken is not None:  # ran while the study stopped: it ends here, cleanly
+            decision = Decision.STOP
         if decision is Decision.STOP:
             state = TrialState.COMPLETE if result.epoch >= self.max_epochs else TrialState.STOPPED
             self._end(trial, state)
@@ -340,11 +381,52 @@ class Study:
         (measured: cores=2 probes won on LeNet-5 although cores=1 was faster alone)."""
         return result.cost(self.objective) * self._cost_scale(result)
 
-    def on_epoch_failed(self, trial_id: int, epoch: int, error: str) -> None:
-        """An epoch raised: the trial fails, the study goes on."""
+    def on_epoch_failed(self, trial_id: int, epoch: int, error: str,
+                        failure: EpochFailure | None = None) -> None:
+        """An epoch raised (``failure``: the exception with its traceback, kept in the
+        study's folder) or its worker was lost: the trial fails, and the study goes on
+        unless trials keep failing this way before any epoch finished (:attr:`broken`)."""
         self._log("failed", trial_id, (epoch, error))
         self._in_flight.pop((trial_id, epoch), None)
-        self._end(self.trials[trial_id], TrialState.FAILED, error=error)
+        trial = self.trials[trial_id]
+        if failure is not None:
+            trial.failure = failure
+            if self.journal is not None and not self._replaying:
+                trial.traceback_file = str(self.journal.write_traceback(
+                    trial_id, epoch, self._traceback_text(trial, epoch, failure)))
+        self._end(trial, TrialState.FAILED, error=error)
+        if failure is not None and not self._replaying:
+            self._count_failure(trial, failure)
+
+    def _traceback_text(self, trial: Trial, epoch: int, failure: EpochFailure) -> str:
+        return (f"study {self.study_id}, workload {self.spec.workload.name}, trial "
+                f"{trial.trial_id} epoch {epoch}\nparams {trial.params}\n"
+                f"raised at {failure.where}\n\n{failure.traceback}")
+
+    def _count_failure(self, trial: Trial, failure: EpochFailure) -> None:
+        limit = self.spec.search.failure_limit
+        if not limit or self.broken is not None or self._any_epoch_finished():
+            return
+        self._same_failures[failure.kind] += 1
+        same = self._same_failures[failure.kind]
+        if same < limit:
+            return
+        where = f"; whole traceback: {trial.traceback_file}" if trial.traceback_file else ""
+        self.broken = Broken(
+            f"workload {self.spec.workload.name} is broken: {same} "
+            f"{'trial' if same == 1 else 'trials'} failed with "
+            f"{failure.line()} before any epoch finished (search.stop_after_failures: "
+            f"{limit}){where}",
+            trial.trial_id, trial.traceback_file)
+        self._log("broken", trial.trial_id, self.broken.line)
+        # What waits to start never starts; what runs ends when its epoch comes back.
+        for task in self._queue:
+            waiting = self.trials.get(task.trial_id)
+            if waiting is not None and not waiting.results:
+                del self.trials[task.trial_id]  # never ran: a resumed study starts it again
+            elif waiting is not None:
+                self._end(waiting, TrialState.STOPPED)
+        self._queue.clear()
 
     def needs_lookup(self, trial_id: int) -> bool:
         trial = self.trials[trial_id]
@@ -450,7 +532,7 @@ class Study:
         task = outcome.task
         trial = self.trials[task.trial_id]
         if outcome.error is not None:
-            self.on_epoch_failed(task.trial_id, task.epoch, outcome.error)
+            self.on_epoch_failed(task.trial_id, task.epoch, outcome.error, outcome.failure)
             backend.release(self.study_id, task.trial_id)
             return StepEvent(trial, None, ended=True)
         result = outcome.result

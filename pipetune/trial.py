@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from pipetune.states import Phase, TrialState
 
 if TYPE_CHECKING:
-    from pipetune.runner import EpochResult
+    from pipetune.runner import EpochFailure, EpochResult
     from pipetune.states import GroundTruthMatch
     from pipetune.system.config import SystemConfig
     from pipetune.tuner import EpochObservation, TuningDecision
@@ -32,7 +32,12 @@ class Trial:
     match: GroundTruthMatch | None = None
     decisions: list[TuningDecision] = field(default_factory=list)
     recorded: SystemConfig | None = None
+    #: Why the trial failed, in one line.
     error: str | None = None
+    #: The exception a failed epoch raised (its whole traceback), and the file in the
+    #: study's folder that keeps it.
+    failure: EpochFailure | None = None
+    traceback_file: str | None = None
     #: Set when the search space holds system knobs (joint tuning): every epoch runs
     #: under it and the system tuner is not consulted.
     fixed_system: SystemConfig | None = None

@@ -387,3 +387,161 @@ def test_the_oracle_is_also_read_by_core_seconds_and_per_epoch_against_optuna(be
     assert per_epoch["measured"] == "1.00 x" and per_epoch["met"] == "yes"
     rows = {r["strategy"]: r for r in other.table()}
     assert rows["optuna-compiled"]["process_s_per_epoch"] == pytest.approx(4.0)
+
+
+# -- a strategy that fails --------------------------------------------------------------------
+
+
+def test_a_failed_strategy_is_reported_and_left_out_of_every_ratio(bench, tmp_path):
+    import dataclasses
+
+    from pipetune.bench import result_from_optuna
+    from pipetune.bench_optuna import OptunaPlainResult
+
+    plain = OptunaPlainResult(
+        job="bench-test", metric="accuracy", mode="max", tuning_wall_s=25.0,
+        process_wall_s=30.0, best_value=0.9, best_params={"lr": 0.1}, best_trial=0,
+        trials=3, completed=3, pruned=0, failed=0, epochs_run=9, max_epochs=3, cores=2,
+        n_jobs=2)
+    cold = dataclasses.replace(bench.get("pipetune-cold"), process_wall_s=27.0)
+    warm = StrategyResult.failure("pipetune-warm", "workload w is broken: 3 trials failed "
+                                  "with RuntimeError: boom | x\n  (see traceback.txt)")
+    assert warm.failed == ("workload w is broken: 3 trials failed with RuntimeError: boom | x "
+                           "(see traceback.txt)")  # one line
+    v1 = StrategyResult.failure("v1-default", "SpecError: system.default.cores: too many")
+    other = BenchResult(**{**bench.__dict__, "strategies": [
+        result_from_optuna(plain), v1, cold, warm]})
+    assert [s.strategy for s in other.failed] == ["v1-default", "pipetune-warm"]
+    rows = {r["strategy"]: r for r in other.table()}
+    assert rows["pipetune-warm"]["failed"] == warm.failed
+    assert rows["pipetune-cold"]["failed"] is None
+    assert math.isnan(rows["pipetune-warm"]["tuning_vs_optuna"])
+    assert rows["pipetune-cold"]["tuning_vs_optuna"] == pytest.approx(20.0 / 25.0)
+    assert math.isnan(rows["pipetune-cold"]["tuning_vs_v1"])  # its reference failed
+    assert rows["pipetune-cold"]["train_vs_v1"] is not None
+    assert math.isnan(rows["pipetune-cold"]["train_vs_v1"])
+    targets = {t["target"]: t for t in other.targets()}
+    assert targets["pipetune-cold tuning time <= 0.85 x v1-default"] == {
+        "target": "pipetune-cold tuning time <= 0.85 x v1-default",
+        "measured": "v1-default failed", "met": "n/a"}
+    assert targets["PipeTune warm <= 0.9 x PipeTune cold"]["met"] == "n/a"
+    assert targets["pipetune-warm chosen config within 5% of the oracle"]["measured"] \
+        == "pipetune-warm failed"
+    assert targets["PipeTune cold tuning time <= 1.05 x optuna-plain"]["met"] == "yes"
+    text = markdown(other)
+    assert "| pipetune-warm (FAILED) | - | - | - |" in text
+    assert f"- pipetune-warm FAILED: {warm.failed}" in text
+    assert "- v1-default FAILED: SpecError: system.default.cores: too many" in text
+    paths = write_report(other, tmp_path / "out")  # the figures draw it too
+    data = json.loads(paths["json"].read_text())
+    assert [s["failed"] for s in data["strategies"]] == [None, v1.failed, None, warm.failed]
+    assert paths["tuning_time"].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_when_every_optuna_strategy_failed_its_ratios_are_na(bench):
+    from pipetune.bench import result_from_optuna
+    from pipetune.bench_optuna import OptunaPlainResult, OptunaTrialRow
+
+    rows = [OptunaTrialRow(number=i, params={}, epochs=0, value=None, state="FAIL", seed=i,
+                           error="RuntimeError: synthetic workload: planned failure at epoch 1")
+            for i in range(3)]
+    every_trial_failed = OptunaPlainResult(
+        job="bench-test", metric="accuracy", mode="max", tuning_wall_s=1.0,
+        process_wall_s=3.0, best_value=None, best_params=None, best_trial=None, trials=3,
+        completed=0, pruned=0, failed=3, epochs_run=0, max_epochs=3, cores=2, n_jobs=2,
+        rows=rows)
+    plain = result_from_optuna(every_trial_failed)
+    assert plain.failed == ("all 3 trials failed: RuntimeError: synthetic workload: planned "
+                            "failure at epoch 1")
+    compiled = StrategyResult.failure("optuna-compiled", "the Optuna process exited 1: "
+                                      "ZeroDivisionError: division by zero")
+    cold = bench.get("pipetune-cold")
+    other = BenchResult(**{**bench.__dict__, "strategies": [plain, compiled, cold]})
+    assert other.optuna_best_per_epoch is None
+    row = {r["strategy"]: r for r in other.table()}["pipetune-cold"]
+    assert math.isnan(row["tuning_vs_optuna"]) and math.isnan(row["per_epoch_vs_optuna_best"])
+    targets = {t["target"]: t for t in other.targets()}
+    assert targets["PipeTune cold tuning time <= 1.05 x optuna-plain"]["met"] == "n/a"
+    per_epoch = targets["pipetune-cold s/epoch <= 1 x the better of optuna-plain and "
+                        "optuna-compiled"]
+    assert per_epoch == {"target": per_epoch["target"], "met": "n/a",
+                         "measured": "optuna-plain and optuna-compiled failed"}
+    assert "| pipetune-cold | 20.0 |" in markdown(other)
+
+
+def test_a_failed_optuna_child_gives_the_line_naming_its_exception(tmp_path):
+    from pipetune.bench_optuna import OptunaRunFailed, failure_line, run_subprocess
+
+    traceback = ("[W 2026-12-05] Trial 0 failed\nTraceback (most recent call last):\n"
+                 '  File "x.py", line 3, in f\n    1 / 0\n'
+                 "ZeroDivisionError: division by zero\n\n")
+    assert failure_line(traceback) == "ZeroDivisionError: division by zero"
+    assert failure_line("a\nmod.sub.BrokenThing: x y\nsome log line\n") == \
+        "mod.sub.BrokenThing: x y"
+    assert failure_line("just a line\n") == "just a line"
+    assert failure_line("") == "nothing on stderr"
+    assert len(failure_line("ValueError: " + "x" * 1000)) == 300
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\n")
+    with pytest.raises(OptunaRunFailed) as e:
+        run_subprocess(bad, timeout=120)
+    assert e.value.exit_code == 2
+    assert e.value.reason.startswith("optuna-plain: ") and "\n" not in e.value.reason
+    assert isinstance(e.value, RuntimeError)  # as before
+
+
+@pytest.mark.slow
+def test_a_bench_reports_failed_strategies_and_goes_on(prefect_api_url, tmp_path, capsys):
+    """A workload that raises in its first epoch, through the real command: pipetune
+    stops on the broken workload, every Optuna trial fails; both are reported failed and
+    the command exits 1 with the report written."""
+    from mlflow.tracking import MlflowClient
+
+    from flows.cluster import close_shared_cluster
+    from pipetune.cli import main
+
+    job = {**JOB, "search": {**JOB["search"], "trials": 3},
+           "workload": {"name": "synthetic",
+                        "params": {**JOB["workload"]["params"], "fail_at_epoch": 1}}}
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(job))
+    out = tmp_path / "out"
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    try:
+        code = main(["bench", str(path), "--strategies", "pipetune-cold,optuna-plain",
+                     "--no-oracle", "--out", str(out), "--tracking-uri", uri])
+    finally:
+        close_shared_cluster()
+    captured = capsys.readouterr()
+    print(captured.err)  # the bench's own lines, for a failing run
+    assert code == 1
+    said = [line for line in captured.err.splitlines() if line.startswith("[bench ")]
+    failed = [line for line in said if "FAILED" in line]
+    assert len(failed) == 2, said
+    assert "pipetune-cold: FAILED" in failed[0] and "optuna-plain: FAILED" in failed[1]
+    for line in failed:
+        assert "RuntimeError: synthetic workload: planned failure at epoch 1" in line
+    assert "2 of 2 strategies failed (pipetune-cold, optuna-plain)" in captured.err
+    assert "Traceback" not in captured.err  # one line each, not Prefect's engine traceback
+    assert f"report: {out}" in captured.out
+    text = (out / "results.md").read_text()
+    assert "| pipetune-cold (FAILED) |" in text and "| optuna-plain (FAILED) |" in text
+    assert "- pipetune-cold FAILED: workload synthetic is broken: 3 trials failed with " \
+        "RuntimeError" in text
+    data = json.loads((out / "results.json").read_text())
+    reasons = {s["strategy"]: s["failed"] for s in data["strategies"]}
+    assert set(reasons) == {"pipetune-cold", "optuna-plain"}
+    assert all("RuntimeError" in r for r in reasons.values()), reasons
+    client = MlflowClient(uri)
+    bench_run = client.get_run(data["bench_run_id"])
+    assert bench_run.data.tags["pipetune.failed_strategies"] == "pipetune-cold,optuna-plain"
+    kids = client.search_runs([bench_run.info.experiment_id],
+                              f"tags.mlflow.parentRunId = '{bench_run.info.run_id}'")
+    assert {k.data.tags["pipetune.strategy"]: k.info.status for k in kids} == {
+        "pipetune-cold": "FAILED", "optuna-plain": "FAILED"}
+    for kid in kids:
+        assert kid.data.tags["pipetune.failure"] == reasons[kid.data.tags["pipetune.strategy"]]
+    cold = next(k for k in kids if k.data.tags["pipetune.strategy"] == "pipetune-cold")
+    study_run = client.get_run(cold.data.tags["pipetune.study_run_id"])  # linked both ways
+    assert study_run.info.status == "FAILED"
+    assert study_run.data.tags["pipetune.bench_run_id"] == bench_run.info.run_id

@@ -537,3 +537,27 @@ def test_a_job_checked_by_the_caller_reaches_the_flow_as_it_is():
     assert study_flow.validate_parameters({"job": spec})["job"] is spec
     assert resolve_job(spec, None, None) is spec
     assert resolve_job(spec, spec.search.trials + 1, None).search.trials == spec.search.trials + 1
+
+
+@pytest.mark.slow
+def test_a_deployment_run_of_a_broken_workload_fails_with_one_line(deployed):
+    """Every trial raises in its first epoch: the run ends Failed in Prefect, with the
+    study's one-line reason as its state message, and the MLflow study run FAILED."""
+    job = broken("workload.params.fail_at_epoch", 1)
+    job["search"] = {**job["search"], "trials": 12}
+    with prefect_client(deployed["api_url"]) as client:
+        on_demand = client.read_deployment_by_name("pipetune-study/on-demand")
+        created = client.create_flow_run_from_deployment(on_demand.id, parameters={"job": job})
+    deadline = time.monotonic() + 400  # a guard against a hung run, not a measurement
+    with prefect_client(deployed["api_url"]) as client:
+        while not ((run := client.read_flow_run(created.id)).state
+                   and run.state.is_final()) and time.monotonic() < deadline:
+            time.sleep(1.0)
+    assert run.state.is_failed(), run.state
+    message = run.state.message
+    assert "\n" not in message.strip(), message
+    assert "is broken" in message and "RuntimeError: synthetic workload: planned failure" \
+        in message, message
+    parent = parent_runs(deployed["tracking_uri"])[str(created.id)]
+    assert parent.info.status == "FAILED"
+    assert "planned failure" in parent.data.tags["pipetune.failure"]

@@ -21,6 +21,7 @@ SAMPLES = {
     "SystemConfigError": lambda c: c("system.cores", "must be <= 2"),
     "ConfinementError": lambda c: c("checkpoint_root", "is outside the allowed roots"),
     "WorkloadError": lambda c: c("workload broke"),
+    "BrokenWorkload": lambda c: c("workload x is broken: 3 trials failed with ..."),
     "WorkloadParamError": lambda c: c("width", "must be > 0"),
     "DatasetError": lambda c: c("file missing"),
     "GroundTruthError": lambda c: c("store corrupt"),
@@ -31,6 +32,7 @@ SAMPLES = {
     "SidecarError": lambda c: c("recorder gone"),
     "EpochFailed": lambda c: c("worker died: ..."),
     "WriterError": lambda c: c("trial 3 has no MLflow run"),
+    "OptunaRunFailed": lambda c: c(1, "Traceback ...\nRuntimeError: boom"),
 }
 
 

@@ -222,7 +222,8 @@ def test_user_workload_by_import_path(tmp_path, monkeypatch):
         ("system.default.cores", 4, "system.default.cores", "this machine has 2"),
         ("system.default.threads", 2, "system.default.threads", "unknown knob"),
         ("system.default", [1], "system.default", "mapping"),
-        ("system.space.cores", [1, 4], "system.space.cores", "this machine has 2"),
+        ("system.space.cores", [4, 8], "system.space.cores", "no value fits: 4, 8 (this machine "
+         "has 2 cores)"),
         ("system.space.cores", [], "system.space.cores", "at least one"),
         ("system.space.cores", [1, 1], "system.space.cores", "twice"),
         ("system.space.dataloader_workers", [-1], "system.space.dataloader_workers", ">= 0"),
@@ -251,9 +252,16 @@ def test_a_spec_must_be_a_mapping():
 
 
 def test_machine_check_uses_the_machine_given():
-    data = with_change("system.space", {"cores": [1, 2, 8]})
+    data = with_change("system.space", {"cores": [4, 8]})
     assert spec_error(data).field == "system.space.cores"
     assert JobSpec.from_dict(data, machine=MachineInfo(cores=8)).system.space["cores"][-1] == 8
+
+
+def test_a_space_value_too_big_for_the_machine_passes_validation_whole():
+    """Validation refuses only what cannot run at all: cores=8 on a 2-core machine is
+    left in the spec (a study leaves it out, :meth:`JobSpec.fit`)."""
+    data = with_change("system.space", {"cores": [1, 2, 8]})
+    assert JobSpec.from_dict(data, machine=TWO_CORES).system.space["cores"] == [1, 2, 8]
 
 
 def test_cuda_knobs_are_fine_on_a_cuda_machine():

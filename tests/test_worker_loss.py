@@ -94,8 +94,10 @@ def test_a_hung_epoch_times_out_its_trial_and_frees_its_worker(tmp_path):
 
 def test_a_system_space_wider_than_the_cluster_workers_is_refused_before_recording(
         prefect_api_url, tmp_path, monkeypatch):
-    """A cores=2 probe on workers advertising 1 core could never start: refused at
-    start, naming the field, with no journal and no MLflow run written."""
+    """Probes of cores=2 and 3 on workers advertising 1 core could never start: with no
+    value of the knob left, the job is refused at start, naming the field, with no
+    journal and no MLflow run written (one value that fits and the others are only
+    dropped: tests/test_space_fit.py)."""
     from mlflow.tracking import MlflowClient
 
     from flows.study import study_flow
@@ -103,7 +105,7 @@ def test_a_system_space_wider_than_the_cluster_workers_is_refused_before_recordi
 
     monkeypatch.setenv("PIPETUNE_HOME", str(tmp_path / "home"))
     job = synthetic_job("too-wide", trials=2)
-    job["system"]["space"] = {"cores": [1, 2]}
+    job["system"]["space"] = {"cores": [2, 3]}
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     with process_cluster(n_workers=1, cores=1) as cluster, \
             pytest.raises(SystemConfigError) as refused:
@@ -111,7 +113,7 @@ def test_a_system_space_wider_than_the_cluster_workers_is_refused_before_recordi
                    groundtruth_path=str(tmp_path / "gt.json"),
                    dask_address=cluster.scheduler_address)
     assert refused.value.field == "system.space.cores"
-    assert "largest worker advertises 1 cores" in refused.value.message
+    assert "largest worker advertises 1 core)" in refused.value.message
     assert not (tmp_path / "home" / "studies").exists()
     assert MlflowClient(uri).search_experiments() == [] or not MlflowClient(uri).search_runs(
         [e.experiment_id for e in MlflowClient(uri).search_experiments()])

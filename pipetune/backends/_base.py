@@ -7,16 +7,24 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pipetune.runner import EpochResult, EpochTask
+    from pipetune.runner import EpochFailure, EpochResult, EpochTask
 
 
 @dataclass(frozen=True)
 class EpochOutcome:
-    """One finished epoch task: its result, or why it failed (exactly one is set)."""
+    """One finished epoch task: its result, or why it failed (exactly one is set).
+
+    ``error`` is one line; ``failure`` the workload's exception with its whole
+    traceback, when the epoch raised (not when its worker died or it timed out)."""
 
     task: EpochTask
     result: EpochResult | None = None
     error: str | None = None
+    failure: EpochFailure | None = None
+
+    @classmethod
+    def failed(cls, task: EpochTask, failure: EpochFailure) -> EpochOutcome:
+        return cls(task, error=failure.line(), failure=failure)
 
     def __post_init__(self) -> None:
         if (self.result is None) == (self.error is None):

@@ -251,6 +251,12 @@ class DaskBackend(EpochBackend):
             # Let go of the result on the cluster at once: a future still held when its
             # worker dies would have Dask run the finished epoch again elsewhere.
             future.release()
+        from pipetune.runner import EpochFailure
+
+        if isinstance(result, EpochFailure):  # the workload raised; its worker is fine
+            with self._lock:
+                self._home.pop((task.study_id, task.trial_id), None)
+            return EpochOutcome.failed(task, result)
         with self._lock:
             if result.address:
                 self._home[(task.study_id, task.trial_id)] = result.address

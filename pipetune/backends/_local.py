@@ -6,7 +6,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from pipetune.backends._base import EpochBackend, EpochOutcome, describe
+from pipetune.backends._base import EpochBackend, EpochOutcome
 
 if TYPE_CHECKING:
     from pipetune.runner import EpochResult, EpochTask
@@ -30,11 +30,13 @@ class LocalBackend(EpochBackend):
         self._queue.append(task)
 
     def wait(self) -> EpochOutcome:
+        from pipetune.runner import EpochFailure, failing_safely
+
         task = self._queue.popleft()
-        try:
-            return EpochOutcome(task, result=self._run(task))
-        except Exception as exc:  # noqa: BLE001 - a failing trial must not end the study
-            return EpochOutcome(task, error=describe(exc))
+        answer = failing_safely(self._run, task)  # a failing trial must not end the study
+        if isinstance(answer, EpochFailure):
+            return EpochOutcome.failed(task, answer)
+        return EpochOutcome(task, result=answer)
 
     def release(self, study_id: str, trial_id: int | None = None) -> None:
         from pipetune.checkpoints import flush_checkpoints

@@ -8,14 +8,17 @@ from typing import TYPE_CHECKING
 from distributed import get_worker
 
 if TYPE_CHECKING:
-    from pipetune.runner import EpochResult, EpochTask
+    from pipetune.runner import EpochFailure, EpochResult, EpochTask
 
 
-def remote_epoch(task: EpochTask) -> EpochResult:
-    """Run ``task`` in this worker process, keeping the model for the trial's next epoch."""
-    from pipetune.runner import LIVE_TRIALS, run_epoch
+def remote_epoch(task: EpochTask) -> EpochResult | EpochFailure:
+    """Run ``task`` in this worker process, keeping the model for the trial's next epoch.
+    An exception the epoch raises comes back as an :class:`EpochFailure` (its whole
+    traceback kept): raised, Dask would log it as a failed computation, traceback and
+    all, on the terminal of every study it belongs to."""
+    from pipetune.runner import LIVE_TRIALS, failing_safely, run_epoch
 
-    return run_epoch(task, live=LIVE_TRIALS, address=get_worker().address)
+    return failing_safely(run_epoch, task, live=LIVE_TRIALS, address=get_worker().address)
 
 
 def remote_refuse(message_field: str, message: str) -> None:

@@ -23,7 +23,8 @@ def _fmt(value: Any, digits: int = 2) -> str:
 
 
 def markdown(bench: BenchResult) -> str:
-    """The bench as markdown: setup, strategy table, oracle table, targets."""
+    """The bench as markdown: setup, strategy table (a failed strategy: ``FAILED`` and
+    no figures, its reason in the list below the table), oracle table, targets."""
     lines = [
         f"### {bench.job}{' (quick)' if bench.quick else ''}",
         "",
@@ -42,25 +43,32 @@ def markdown(bench: BenchResult) -> str:
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     for row in bench.table():
         lines.append(
-            "| {strategy} | {t} | {ps} | {tp} | {tr} | {m} | {e} | {p} | {gt} | {en} ({src}) "
+            "| {strategy} | {t} | {ps} | {tp} | {tr} | {m} | {e} | {p} | {gt} | {en} "
             "| {er} | {sys} | {ts} | {tv} | {to} | {oh} |".format(
-                strategy=row["strategy"], t=_fmt(row["tuning_wall_s"], 1),
+                strategy=row["strategy"] + (" (FAILED)" if row["failed"] else ""),
+                t=_fmt(row["tuning_wall_s"], 1),
                 ps=_fmt(row["process_wall_s"], 1), tp=_fmt(row["tuning_vs_optuna"]),
                 tr=_fmt(row["tuning_vs_v1"]), m=_fmt(row[f"best_{bench.metric}"], 4),
-                e=row["epochs_run"], p=row["probe_epochs"], gt=row["gt_hits"],
-                en=_fmt(row["energy_j"], 0), src=row["energy_source"],
+                e=_fmt(row["epochs_run"]), p=_fmt(row["probe_epochs"]), gt=row["gt_hits"],
+                en="-" if row["failed"] else
+                f"{_fmt(row['energy_j'], 0)} ({row['energy_source']})",
                 er=_fmt(row["energy_vs_v1"]), sys=row["chosen_system"],
                 ts=_fmt(row["train_s"], 1), tv=_fmt(row["train_vs_v1"]),
                 to=_fmt(row["train_vs_oracle"]),
                 oh=f"{row['overhead_share']:.1%}" if not math.isnan(row["overhead_share"]) else "-",
             )
         )
-    lines += ["", "Orchestration overhead (seconds summed over epochs; share = overhead / "
-              "(overhead + epoch compute)):", "",
-              "| strategy | epoch compute s | overhead s | median per epoch s | round trip s "
-              "| worker rebuild + checkpoint s | loop gap s | share |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for s in bench.strategies:
+    if bench.failed:
+        lines += ["", "Failed (left out of every ratio):", ""]
+        lines += [f"- {s.strategy} FAILED: {s.failed}" for s in bench.failed]
+    ran = [s for s in bench.strategies if s.failed is None]
+    if ran:
+        lines += ["", "Orchestration overhead (seconds summed over epochs; share = overhead / "
+                  "(overhead + epoch compute)):", "",
+                  "| strategy | epoch compute s | overhead s | median per epoch s | round trip s "
+                  "| worker rebuild + checkpoint s | loop gap s | share |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for s in ran:
         parts = s.overhead_parts_s
         lines.append(
             f"| {s.strategy} | {_fmt(s.compute_s, 1)} | {_fmt(s.overhead_s, 1)} | "
@@ -84,7 +92,8 @@ def markdown(bench: BenchResult) -> str:
 
 
 def tuning_time_figure(bench: BenchResult):
-    """Bar chart: tuning wall time per strategy."""
+    """Bar chart: tuning wall time per strategy; a failed one is an empty bar marked
+    ``failed``."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -93,11 +102,12 @@ def tuning_time_figure(bench: BenchResult):
     fig = Figure(figsize=(7, 3.5))
     ax = fig.add_subplot()
     names = [s.strategy for s in bench.strategies]
-    values = [s.tuning_wall_s for s in bench.strategies]
+    values = [0.0 if s.failed else s.tuning_wall_s for s in bench.strategies]
     bars = ax.bar(names, values, color=["#888" if n.startswith("v") else "#1f77b4" for n in names])
-    for bar, v in zip(bars, values, strict=True):
-        ax.annotate(f"{v:.0f}", (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom",
-                    fontsize=8)
+    for bar, v, s in zip(bars, values, bench.strategies, strict=True):
+        ax.annotate("failed" if s.failed else f"{v:.0f}",
+                    (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom",
+                    fontsize=8, color="#c00" if s.failed else "black")
     ax.set_ylabel("tuning wall time (s)")
     ax.set_title(f"{bench.job}: tuning time per strategy")
     ax.tick_params(axis="x", labelsize=8)

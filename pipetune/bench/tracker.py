@@ -46,14 +46,18 @@ class BenchTracker:
         ])
         self.client.log_dict(self.run_id, job.spec.to_dict(), "job.json")
 
-    def log_strategy(self, result: StrategyResult, spec: JobSpec) -> str:
-        """A child run for one strategy's result; tags its study run with this bench."""
+    def log_strategy(self, result: StrategyResult, spec: JobSpec | None) -> str:
+        """A child run for one strategy's result; tags its study run with this bench.
+        A failed strategy's run ends ``FAILED``, tagged ``pipetune.failure`` with its
+        reason (``spec``: None when the strategy failed before it had one)."""
         import time
 
         from mlflow.entities import Metric, Param
 
         tags = {"mlflow.parentRunId": self.run_id, "pipetune.kind": "bench-strategy",
                 "pipetune.strategy": result.strategy}
+        if result.failed is not None:
+            tags["pipetune.failure"] = result.failed[:5000]
         if result.study_run_id:
             tags["pipetune.study_run_id"] = result.study_run_id
             self.client.set_tag(result.study_run_id, "pipetune.bench_run_id", self.run_id)
@@ -72,23 +76,41 @@ class BenchTracker:
             values["process_wall_s"] = result.process_wall_s
         if result.best_epoch_s_in_study is not None:
             values["best_epoch_s_in_study"] = result.best_epoch_s_in_study
-        params = [Param("system.default", spec.system.default.label()),
-                  Param("pipetune.enabled", str(spec.pipetune.enabled)),
-                  Param("search.max_concurrent", str(spec.search.max_concurrent)),
-                  Param("chosen_system", result.chosen_system or "-"),
+        if result.failed is not None:  # no figures: zeros would read as measured
+            values = {}
+        params = [Param("chosen_system", result.chosen_system or "-"),
                   Param("energy_source", result.energy_source)]
+        if spec is not None:
+            params += [Param("system.default", spec.system.default.label()),
+                       Param("pipetune.enabled", str(spec.pipetune.enabled)),
+                       Param("search.max_concurrent", str(spec.search.max_concurrent))]
         self.client.log_batch(
             run.info.run_id,
             metrics=[Metric(k, float(v), ts, 0) for k, v in values.items()
                      if not math.isnan(float(v))],
             params=params,
         )
-        self.client.set_terminated(run.info.run_id)
+        self.client.set_terminated(
+            run.info.run_id, status="FINISHED" if result.failed is None else "FAILED")
         return run.info.run_id
+
+    def study_run_of(self, study_id: str) -> str | None:
+        """The MLflow run of study ``study_id`` (tag ``pipetune.study_id``, experiment
+        ``pipetune``), or None: how a study that failed is linked to its strategy."""
+        from pipetune.tracking import DEFAULT_EXPERIMENT
+
+        experiment = self.client.get_experiment_by_name(DEFAULT_EXPERIMENT)
+        if experiment is None:
+            return None
+        runs = self.client.search_runs(
+            [experiment.experiment_id], f"tags.`pipetune.study_id` = '{study_id}'",
+            max_results=1)
+        return runs[0].info.run_id if runs else None
 
     def finish(self, bench: BenchResult, paths: Mapping[str, Path]) -> None:
         """The comparison on the parent run: per-strategy metrics and ratios, the
-        report files as artifacts."""
+        report files as artifacts, tag ``pipetune.failed_strategies`` (comma-separated)
+        when some failed. The run ends ``FINISHED``: the report is whole."""
         import time
 
         from mlflow.entities import Metric
@@ -110,6 +132,9 @@ class BenchTracker:
             metrics.append(Metric("bench_wall_s", bench.bench_wall_s, ts, 0))
         if metrics:
             self.client.log_batch(self.run_id, metrics=metrics)
+        if bench.failed:
+            self.client.set_tag(self.run_id, "pipetune.failed_strategies",
+                                ",".join(s.strategy for s in bench.failed))
         for path in paths.values():
             self.client.log_artifact(self.run_id, str(path))
         self.client.set_terminated(self.run_id, status="FINISHED")

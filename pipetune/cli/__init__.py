@@ -63,6 +63,9 @@ def _run_validate(args: argparse.Namespace) -> int:
             _error(f"{path}: {e}")
             status = EXIT_USAGE
             continue
+        # Space values this machine has too few cores for: run, they are left out.
+        for drop in spec.fit()[1]:
+            print(f"warning: {path}: {drop.line()}", file=sys.stderr)
         if i:
             print("---")
         print(f"# {path}: valid")
@@ -75,7 +78,8 @@ def _add_validate(subparsers: argparse._SubParsersAction) -> None:
         "validate",
         help="check job files and print them resolved",
         description="Check job files and print each one resolved, defaults filled in. "
-        "Exits 2 if any file is invalid.",
+        "A system.space value this machine has too few cores for is a warning on stderr "
+        "(a study leaves it out). Exits 2 if any file is invalid.",
     )
     p.add_argument("jobs", nargs="+", metavar="JOB.yaml", help="job spec file(s)")
     p.set_defaults(run=_run_validate)

@@ -2,6 +2,9 @@
 
 Like ``pipetune tune``, it starts a local Prefect server when ``PREFECT_API_URL`` is
 not set, and imports ``flows.bench`` only once the job file has been read.
+
+Exit codes: 0 every strategy ran; 1 some strategy failed (the others ran, the report is
+written and names it with its reason); 2 a user error refused before starting.
 """
 
 from __future__ import annotations
@@ -49,13 +52,23 @@ def run_bench_command(args: argparse.Namespace) -> int:
     print(f"bench {job.spec.name}: data {job.data}; results in {out}", file=sys.stderr)
     with prefect_api(pipetune_home() / "prefect-server.log"):
         ensure_experiment(tracking_uri)  # once, before any fan-out
+        import flows.study  # noqa: F401 - Prefect sets its console handlers up on import
         from flows.bench import run_bench
+        from pipetune.cli._console import quiet_flow_tracebacks
 
-        bench, paths = run_bench(job, out_dir=out, tracking_uri=tracking_uri, command=command,
-                                 strategies=strategies, oracle=not args.no_oracle)
+        # A strategy that fails is the bench's one line, not Prefect's engine traceback.
+        with quiet_flow_tracebacks():
+            bench, paths = run_bench(job, out_dir=out, tracking_uri=tracking_uri,
+                                     command=command, strategies=strategies,
+                                     oracle=not args.no_oracle)
     print(paths["markdown"].read_text(encoding="utf-8"))
     print(f"report: {out} (results.md, results.json, tuning_time.png, metric_vs_time.png)")
     print(f"MLflow: bench run {bench.bench_run_id} (experiment pipetune-bench) in {tracking_uri}")
+    if bench.failed:
+        names = ", ".join(s.strategy for s in bench.failed)
+        print(f"error: {len(bench.failed)} of {len(bench.strategies)} strategies failed "
+              f"({names}); their reasons are in {paths['markdown']}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -77,6 +77,7 @@ def run_stream(args: argparse.Namespace) -> int:
     quiet_defaults(quiet_logs=False)
     from deployments.serve import require_api_url
     from flows.stream import stream_flow
+    from pipetune.cli._console import quiet_flow_tracebacks
 
     api_url = require_api_url()
     modes = [False, True] if args.compare else [not args.no_pipetune]
@@ -85,12 +86,13 @@ def run_stream(args: argparse.Namespace) -> int:
         label = "with PipeTune" if pipetune else "without PipeTune"
         print(f"stream {label}: {args.jobs} jobs at {args.rate:g}/min (seed {args.seed}) "
               f"-> {args.deployment} on {api_url}", file=sys.stderr)
-        results.append(stream_flow(
-            job_files=job_files, rate_per_min=args.rate, jobs=args.jobs, seed=args.seed,
-            deployment=args.deployment, pipetune=pipetune, trials=args.trials,
-            tracking_uri=args.tracking_uri, groundtruth_path=args.groundtruth,
-            timeout_s=args.timeout,
-        ))
+        with quiet_flow_tracebacks():  # a refusal inside the flow: one error: line
+            results.append(stream_flow(
+                job_files=job_files, rate_per_min=args.rate, jobs=args.jobs, seed=args.seed,
+                deployment=args.deployment, pipetune=pipetune, trials=args.trials,
+                tracking_uri=args.tracking_uri, groundtruth_path=args.groundtruth,
+                timeout_s=args.timeout,
+            ))
     _print_stream(results)
     failed = sum(r["summary"]["jobs"] - r["summary"]["completed"] for r in results)
     return 0 if failed == 0 else 1

@@ -201,13 +201,17 @@ def _run_tune(args: argparse.Namespace) -> int:
                 background.result()
             startup_marks.mark("all ready")
             from flows.study import flow_settings, study_flow
+            from pipetune.cli._console import quiet_flow_tracebacks
             from pipetune.progress import add_listener, remove_listener
 
             spec, tracking_uri = job["spec"], job["tracking_uri"]
             display = _LiveDisplay(spec.search.trials, spec.objective.metric)
             add_listener(display.update)
             try:
-                with display, _as_stopped(), flow_settings(own_server=server is not None):
+                # A refusal inside the flow: the one `error:` line, no engine traceback;
+                # a space value no worker can run: one `warning:` line.
+                with display, _as_stopped(), flow_settings(own_server=server is not None), \
+                        quiet_flow_tracebacks():
                     summary = study_flow(
                         job=spec,  # checked once, at check_job; not again in the flow
                         tracking_uri=tracking_uri,
@@ -344,7 +348,7 @@ def _print_summary(summary: dict, metric: str, api_url: str, server) -> None:
         value = row.get(metric)
         table.add_row(str(row["trial"]), row["outcome"], str(row["epochs"]),
                       str(row["probe_epochs"]), f"{value:.4f}" if value is not None else "-",
-                      row["system"], row["error"][:60])
+                      row["system"], _error_cell(row))
     console.print(table)
     best = summary.get("best_value")
     # Plain prints: ids and paths must not be wrapped or read as markup.
@@ -364,6 +368,16 @@ def _print_summary(summary: dict, metric: str, api_url: str, server) -> None:
                                                else f" --tracking-uri {summary['tracking_uri']}"))
     if server is None:
         print(f"Prefect: flow runs at {api_url.removesuffix('/api')}")
+
+
+def _error_cell(row: dict) -> str:
+    """A failed trial's error in the table: whole (rich wraps it), or, when its traceback
+    was kept, the exception's first line and the file that has the rest."""
+    error, where = row.get("error", ""), row.get("traceback", "")
+    if not where:
+        return error
+    first = error.split(": ", 1)[0] if ": " in error else error
+    return f"{first}, see {where}"
 
 
 def add_tune(subparsers: argparse._SubParsersAction) -> None:

@@ -8,7 +8,10 @@ Every section forbids unknown fields, so a misspelt key is an error that names i
 Every error a user can cause is a :class:`~pipetune.errors.SpecError` whose ``field``
 is the dotted path (``search.trials``) and whose message says what is allowed.
 Checks that need the world: the workload name must resolve (and its ``metrics`` hold
-``objective.metric``), and every system config must be one this machine can honour.
+``objective.metric``), and the system configs must be ones this machine can honour: a
+space value needing more cores than it has is not refused but left out when the job
+runs (:meth:`JobSpec.fit`, against the cluster's largest worker); a default, or a knob
+none of whose values fits, is refused.
 The workload is built once from ``workload.params``: its
 :class:`~pipetune.errors.WorkloadParamError` reads ``workload.params.<field>: ...``,
 any other exception it raises one line under ``workload`` naming it.
@@ -59,6 +62,7 @@ from pipetune.spec.sections import (
     SearchSpec,
     SimilaritySpec,
     Space,
+    SpaceDrop,
     SystemSpec,
     WorkloadSpec,
     _Section,
@@ -117,6 +121,23 @@ class JobSpec(_Section):
             return cls.model_validate(data, context={"machine": machine})
         except ValidationError as e:
             raise spec_error_from_validation(e, cls) from None
+
+    def fit(
+        self, machine: MachineInfo | None = None, *, cores_note: str | None = None
+    ) -> tuple[JobSpec, tuple[SpaceDrop, ...]]:
+        """This job as it can run on ``machine`` (default: this one), and what was left
+        out of ``system.space`` to get there (:meth:`SystemSpec.fit`: space values that
+        need more cores than the machine has). With nothing to leave out, the answer is
+        this very spec. Refuses, naming the field, what cannot run at all.
+
+        >>> fitted, drops = spec.fit(MachineInfo(cores=1))         # doctest: +SKIP
+        >>> [d.line() for d in drops]                               # doctest: +SKIP
+        ['system.space.cores: 2 dropped: this machine has 1 core']
+        """
+        system, drops = self.system.fit(machine, cores_note=cores_note)
+        if not drops:
+            return self, ()
+        return self.model_copy(update={"system": system}), drops
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data; ``from_dict`` reads it back to an equal spec."""
@@ -250,6 +271,7 @@ __all__ = [
     "ProfilerSpec",
     "SearchSpec",
     "SimilaritySpec",
+    "SpaceDrop",
     "SystemSpec",
     "WorkloadSpec",
     "check_size",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -167,12 +168,44 @@ class WorkloadSpec(_Section):
         return self.resolve()(**self.params)
 
 
+def _cores(n: int) -> str:
+    return f"{n} core" if n == 1 else f"{n} cores"
+
+
+def _values(values: Any) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+@dataclass(frozen=True)
+class SpaceDrop:
+    """Values of one ``system.space`` knob left out of a study because the machine its
+    epochs run on cannot honour them (:meth:`SystemSpec.fit`): ``reason`` says what
+    that machine has."""
+
+    knob: str
+    values: tuple[Any, ...]
+    reason: str
+
+    @property
+    def field(self) -> str:
+        return f"system.space.{self.knob}"
+
+    def line(self) -> str:
+        """One line for a person: ``system.space.cores: 4 dropped: this machine has 2 cores``."""
+        return f"{self.field}: {_values(self.values)} dropped: {self.reason}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able: ``{"values": [...], "reason": "..."}`` (the journal, MLflow)."""
+        return {"values": list(self.values), "reason": self.reason}
+
+
 class SystemSpec(_Section):
     """``default``: the config epoch 1 runs under; ``space``: candidates per knob.
 
     A candidate is the default with one knob changed, so each value must make a
-    valid config in that position. Whether they fit the machine is
-    :meth:`check_machine`, which :class:`JobSpec` validation calls.
+    valid config in that position. Whether they fit the machine is :meth:`fit`:
+    :class:`JobSpec` validation refuses what it refuses, and the study runs the space
+    it leaves on the cluster's largest worker.
     """
 
     default: SystemConfigField = Field(default_factory=SystemConfig)
@@ -196,16 +229,58 @@ class SystemSpec(_Section):
         return self
 
     def check_machine(self, machine: MachineInfo | None = None) -> None:
-        """Reject a default or candidate config ``machine`` (default: this one) cannot
-        honour, naming ``system.default.<knob>`` or ``system.space.<knob>``."""
+        """Refuse what :meth:`fit` refuses on ``machine`` (default: this one); values
+        it would only drop pass."""
+        self.fit(machine)
+
+    def fit(
+        self, machine: MachineInfo | None = None, *, cores_note: str | None = None
+    ) -> tuple[SystemSpec, tuple[SpaceDrop, ...]]:
+        """This section as it can run on ``machine`` (default: this one), and what was
+        left out of the space to get there.
+
+        A space value that needs more cores than ``machine`` has is dropped (one
+        :class:`SpaceDrop` per knob); the job goes on with the rest. Refused, naming
+        the field: a default that does not fit, a knob none of whose values fit, and
+        any value the machine cannot honour for another reason (a CUDA knob with no
+        GPU, bf16 on a CPU without it). ``cores_note`` says where the core count comes
+        from (default ``this machine has N cores``).
+
+        >>> spec = SystemSpec(space={"cores": [1, 2, 4]})
+        >>> fitted, drops = spec.fit(MachineInfo(cores=2))
+        >>> fitted.space["cores"], drops[0].line()
+        ([1, 2], 'system.space.cores: 4 dropped: this machine has 2 cores')
+        """
         machine = machine or _this_machine()
+        note = cores_note or f"this machine has {_cores(machine.cores)}"
+        if self.default.cores > machine.cores:
+            raise SystemConfigError(
+                "system.default.cores", f"{self.default.cores} cores requested but {note}")
         self.default.check_machine(machine, where="system.default")
-        for knob, configs in self.candidates().items():
-            for config in configs:
+        space: dict[str, list[Any]] = {}
+        drops: list[SpaceDrop] = []
+        for knob, values in self.space.items():
+            kept: list[Any] = []
+            dropped: list[Any] = []
+            for value in values:
+                config = self.default.replace(**{knob: value})
+                if config.cores > machine.cores:
+                    dropped.append(value)
+                    continue
                 try:
                     config.check_machine(machine, where="system.space")
                 except SystemConfigError as e:
                     raise SystemConfigError(f"system.space.{knob}", e.message) from None
+                kept.append(value)
+            if not kept:
+                raise SystemConfigError(
+                    f"system.space.{knob}", f"no value fits: {_values(dropped)} ({note})")
+            space[knob] = kept
+            if dropped:
+                drops.append(SpaceDrop(knob, tuple(dropped), note))
+        if not drops:
+            return self, ()
+        return self.model_copy(update={"space": space}), tuple(drops)
 
     def candidates(self) -> dict[str, list[SystemConfig]]:
         """Per knob, the default with that knob set to each listed value."""
@@ -223,6 +298,17 @@ class SearchSpec(_Section):
     seed: int = Field(0, ge=0, le=MAX_SEED)
     max_concurrent: int = Field(1, ge=1, le=4096)
     grid_points: int = Field(3, ge=2)
+    #: Stop the study when this many trials fail with the same error (the same
+    #: exception raised at the same place) before any epoch of the study has finished:
+    #: the workload's code is broken. ``None``: ``max_concurrent + 1``; ``0``: never.
+    stop_after_failures: int | None = Field(None, ge=0, le=100_000)
+
+    @property
+    def failure_limit(self) -> int:
+        """:attr:`stop_after_failures` resolved (0: never stop)."""
+        if self.stop_after_failures is None:
+            return self.max_concurrent + 1
+        return self.stop_after_failures
 
 
 class EarlyStoppingSpec(_Section):

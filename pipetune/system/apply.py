@@ -5,15 +5,84 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import sys
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pipetune.errors import SystemConfigError, WorkloadError
-from pipetune.system.config import SystemConfig
+from pipetune.system.config import KNOBS, SystemConfig
 
 if TYPE_CHECKING:
     import torch
+
+
+class Device(str):
+    """The device a step trains on: the knob's string (``"cpu"``, ``"cuda"``) that is
+    also what torch takes for a device.
+
+    It compares equal to the string (``system.device == "cuda"``, as code written
+    against :class:`SystemConfig` does) and to the matching ``torch.device``
+    (``system.device == torch.device("cpu")``), and has ``torch.device``'s ``type`` and
+    ``index``. Anything taking a device accepts it: ``tensor.to(d)``,
+    ``module.to(d)``, ``torch.zeros(2, device=d)``, ``torch.device(d)``,
+    ``torch.autocast(device_type=d)``.
+
+    >>> Device("cpu") == "cpu", Device("cpu").type, Device("cpu").index
+    (True, 'cpu', None)
+    """
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        torch = sys.modules.get("torch")  # no torch imported: other is no torch.device
+        if torch is not None and isinstance(other, torch.device):
+            return torch.device(str(self)) == other
+        return str.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = str.__hash__
+
+    @property
+    def type(self) -> str:
+        """``cpu`` or ``cuda``, as ``torch.device.type``."""
+        return str(self).partition(":")[0]
+
+    @property
+    def index(self) -> int | None:
+        """The device's ordinal (``cuda:1`` -> 1), ``None`` when not given."""
+        _, _, index = str(self).partition(":")
+        return int(index) if index else None
+
+
+class _Knob:
+    """A knob of the :class:`SystemConfig`, read through an :class:`AppliedConfig`
+    (``system.cores`` as ``system.config.cores``); read-only."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return getattr(obj.config, self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        raise AttributeError(
+            f"system.{self.name} is read-only: a workload trains under the config it is given"
+        )
+
+
+#: What a :class:`SystemConfig` has besides its knobs (methods such as ``label()``,
+#: ``replace()``, ``to_dict()``): still answered by an :class:`AppliedConfig`, with a
+#: DeprecationWarning naming ``system.config.<name>``.
+_CONFIG_ONLY: frozenset[str] = frozenset(
+    name for name in dir(SystemConfig) if not name.startswith("_") and name not in KNOBS
+)
 
 
 @dataclass
@@ -23,9 +92,22 @@ class AppliedConfig:
 
     :func:`applied_system_config` yields one after setting the process-wide knobs
     (threads, pinning, TF32, cuDNN); :func:`applied_context` makes one from a plain
-    config without touching the process. A workload reads ``device``,
-    ``memory_format``, ``loader_options()``, ``autocast()`` and ``grad_scaler()``
-    instead of the knobs, so none can be forgotten.
+    config without touching the process. It is what ``Workload.train_epoch`` and
+    ``Workload.evaluate`` are given.
+
+    Public (README "What is public"): every knob reads as an attribute, as on a
+    :class:`SystemConfig` (``system.cores``, ``system.dataloader_workers``,
+    ``system.precision``, ``system.channels_last``, ...; ``system.device`` is a
+    :class:`Device`, equal to ``"cpu"`` and to ``torch.device("cpu")``). The helpers
+    turn knobs into what torch needs, so none can be forgotten: ``device``,
+    ``memory_format``, ``loader_options()``, ``autocast()``, ``grad_scaler()`` and
+    ``training_model()``; ``config`` is the :class:`SystemConfig` itself. Its other
+    members (``label()``, ``replace()``, ``to_dict()``, ...) still answer here with a
+    DeprecationWarning: use ``system.config.<name>``.
+
+    >>> system = applied_context(SystemConfig(cores=2, dataloader_workers=1))
+    >>> system.cores, system.dataloader_workers, system.device == "cpu"
+    (2, 1, True)
 
     ``notes`` lists knobs that could not be honoured as asked, with why (torch
     allows inter-op threads to be set only once per process, before first use).
@@ -37,15 +119,45 @@ class AppliedConfig:
     #: the OpenMP wait policy of the process, the cores its threads may run on.
     actual: dict[str, Any] = field(default_factory=dict)
 
+    # Every knob but device (below) as a read-only attribute: the public API.
+    cores = _Knob()
+    interop_threads = _Knob()
+    dataloader_workers = _Knob()
+    omp_wait_policy = _Knob()
+    pin_cores = _Knob()
+    precision = _Knob()
+    tf32 = _Knob()
+    cudnn_benchmark = _Knob()
+    channels_last = _Knob()
+    compile = _Knob()
+
+    def __hash__(self) -> int:  # hashable as the SystemConfig was (equal ones hash alike)
+        return hash(self.config)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for names not found otherwise. Read config from __dict__: while an
+        # instance is being unpickled or copied it has none yet, and must not recurse.
+        config = self.__dict__.get("config")
+        if config is None or name not in _CONFIG_ONLY:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        warnings.warn(
+            f"system.{name} is deprecated on the AppliedConfig a workload is given (it "
+            f"answers the knobs and its helpers); use system.config.{name}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(config, name)
+
     @property
-    def device(self) -> torch.device:
-        """The device to train on; :class:`WorkloadError` when cuda is asked and torch
-        sees none."""
+    def device(self) -> Device:
+        """The device to train on, a :class:`Device`: the knob's string that torch also
+        takes as a device; :class:`WorkloadError` when cuda is asked and torch sees
+        none."""
         import torch
 
         if self.config.device == "cuda" and not torch.cuda.is_available():
             raise WorkloadError("system.device is cuda but torch sees no CUDA device here")
-        return torch.device(self.config.device)
+        return Device(self.config.device)
 
     @property
     def memory_format(self) -> torch.memory_format:
@@ -114,6 +226,9 @@ class AppliedConfig:
         if state:
             scaler.load_state_dict(dict(state))
         return scaler
+
+
+assert all(hasattr(AppliedConfig, knob) for knob in KNOBS), "every knob reads as an attribute"
 
 
 #: Moves the compile cache (a shared folder in team mode); default under the home.

@@ -100,4 +100,7 @@ def best_model_record(study: Study, trial: Trial) -> dict[str, Any]:
         "pipetune_version": _version("pipetune"),
         "checkpoint": trial.checkpoint,
         "load_recipe": load_recipe(task, metric, value),
+        # The earlier release's key, kept for readers of it (deprecated: load_recipe).
+        "load_with": "Workload.setup(params, seed), then Workload.load(path); "
+                     "deprecated: run load_recipe",
     }

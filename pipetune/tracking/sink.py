@@ -186,16 +186,21 @@ class MlflowSink:
         if end:
             self.client.set_terminated(run_id, status="FINISHED")
 
-    def fail_study(self, status: str) -> None:
+    def fail_study(self, status: str, reason: str | None = None) -> None:
         """What was sent written as far as it can be, then every trial run still
-        running ended KILLED and the parent run ended ``status``. Never raises for one
-        run: what cannot be written is logged; the first failure is raised at the end
-        (the caller says what was lost)."""
+        running ended KILLED and the parent run ended ``status`` (with ``reason`` as its
+        ``pipetune.failure`` tag). Never raises for one run: what cannot be written is
+        logged; the first failure is raised at the end (the caller says what was lost)."""
         error: Exception | None = None
         try:
             self.idle()
         except Exception as e:  # noqa: BLE001 - the runs are still ended
             error = e
+        if reason:
+            try:
+                self.client.set_tag(self.parent_run_id, "pipetune.failure", reason[:5000])
+            except Exception as e:  # noqa: BLE001
+                error = error or e
         for trial_id, run_id in sorted(self._children.items()):
             try:
                 if self.client.get_run(run_id).info.status == "RUNNING":
@@ -281,6 +286,11 @@ class MlflowSink:
         self.idle()
         self.client.log_text(self._run_id(run), pd.DataFrame(rows).to_csv(index=False),
                              "profiles.csv")
+
+    def log_text(self, run: Hashable, content: str, name: str) -> None:
+        """``content`` as the artifact file ``name`` of ``run``."""
+        self.idle()
+        self.client.log_text(self._run_id(run), content, name)
 
     def terminate(self, run: Hashable, status: str) -> None:
         self.idle()

@@ -224,6 +224,8 @@ class StudyTracker:
         self._sink.send("log", run, metrics, (), tags)
         if trial.results:
             self._sink.send("log_profiles", run, profile_rows(trial))
+        if trial.failure is not None:  # the whole traceback, beside the one-line tag
+            self._sink.send("log_text", run, trial.failure.traceback, "traceback.txt")
         status = "FAILED" if trial.state == TrialState.FAILED else "FINISHED"
         self._sink.send("terminate", run, status)
 
@@ -265,16 +267,18 @@ class StudyTracker:
                         [(png.getvalue(), "timeline.png")])
         self.close()
 
-    def fail(self, *, timeout: float | None = 120.0, status: str = "FAILED") -> None:
+    def fail(self, *, timeout: float | None = 120.0, status: str = "FAILED",
+             reason: str | None = None) -> None:
         """End the study as failed: still-running child runs KILLED, the parent
-        ``status`` (``FAILED``, or ``KILLED`` when the study was stopped).
+        ``status`` (``FAILED``, or ``KILLED`` when the study was stopped), tagged
+        ``pipetune.failure`` with ``reason`` when given.
 
         Writes everything sent first (waiting at most ``timeout`` seconds), so what was
         recorded before the failure is kept. Never raises: what cannot be written (a
         background write that failed, a store that is down) is logged."""
         if not self._sink.closed:
             try:
-                self._sink.call("fail_study", status, timeout=timeout)
+                self._sink.call("fail_study", status, reason, timeout=timeout)
             except Exception:  # noqa: BLE001 - failing already; say what was lost, and
                 # end the runs from here (the recorder may be gone)
                 logger.warning("MLflow: some writes of study run %s were lost",
@@ -300,6 +304,8 @@ class StudyTracker:
                 logger.warning("MLflow: could not end the run of trial %s", trial_id,
                                exc_info=True)
         try:
+            if reason:
+                self.client.set_tag(self.parent_run_id, "pipetune.failure", reason[:5000])
             self.client.set_terminated(self.parent_run_id, status=status)
         except Exception:  # noqa: BLE001
             logger.warning("MLflow: could not mark study run %s ended", self.parent_run_id,

@@ -58,18 +58,32 @@ class Workload(ABC):
     ) -> TrainStats:
         """Train one epoch under ``system``, the :class:`~pipetune.system.apply.AppliedConfig`
         the caller got from ``applied_system_config`` (threads, pinning and CUDA flags
-        already set). Take the rest from it rather than from the knobs: ``device``,
-        ``memory_format``, ``loader_options()``, ``autocast()``, ``grad_scaler(state)``;
-        ``system.config`` is the :class:`SystemConfig`. When called by hand a plain
-        :class:`SystemConfig` is accepted too: ``applied_context(system)`` turns either
-        into an ``AppliedConfig``. Call ``on_step()`` after each optimiser step when given.
+        already set).
+
+        Every knob reads as an attribute, as on a :class:`SystemConfig`:
+        ``system.cores``, ``system.interop_threads``, ``system.dataloader_workers``,
+        ``system.omp_wait_policy``, ``system.pin_cores``, ``system.device``,
+        ``system.precision``, ``system.tf32``, ``system.cudnn_benchmark``,
+        ``system.channels_last``, ``system.compile``. ``system.device`` equals both
+        ``"cpu"`` and ``torch.device("cpu")`` and goes wherever torch takes a device.
+        Better than reading knobs, take what they mean from the helpers, so none is
+        forgotten: ``device``, ``memory_format``, ``loader_options()`` (DataLoader
+        keyword arguments), ``autocast()``, ``grad_scaler(state)`` and
+        ``training_model(model)`` (the model, compiled under ``compile``);
+        ``system.config`` is the :class:`SystemConfig` itself (``label()``,
+        ``to_dict()``, ``replace()``). This is public API (README "What is public").
+
+        When called by hand a plain :class:`SystemConfig` is accepted too:
+        ``applied_context(system)`` turns either into an ``AppliedConfig``. Call
+        ``on_step()`` after each optimiser step when given.
         """
 
     @abstractmethod
     def evaluate(self, system: AppliedConfig | SystemConfig) -> dict[str, float]:
-        """Metrics on the held-out split under ``system`` (an ``AppliedConfig``, or a plain
-        :class:`SystemConfig` when called by hand; see :meth:`train_epoch`); keys include
-        every name in ``metrics``."""
+        """Metrics on the held-out split under ``system`` (an ``AppliedConfig``: knobs as
+        attributes and the helpers, see :meth:`train_epoch`; a plain
+        :class:`SystemConfig` when called by hand); keys include every name in
+        ``metrics``."""
 
     def graph_signature(self) -> str:
         """A short digest of the model's structure after ``setup`` (its module types and
