@@ -491,14 +491,16 @@ def test_a_failed_optuna_child_gives_the_line_naming_its_exception(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_bench_reports_failed_strategies_and_goes_on(prefect_api_url, tmp_path, capsys):
-    """A workload that raises in its first epoch, through the real command: pipetune
-    stops on the broken workload, every Optuna trial fails; both are reported failed and
-    the command exits 1 with the report written."""
-    from mlflow.tracking import MlflowClient
+def test_a_bench_reports_failed_strategies_and_goes_on(prefect_api_url, tmp_path):
+    """A workload that raises in its first epoch, through the real command (its own
+    process: the embedded cluster it starts must not outlive it here): pipetune stops on
+    the broken workload, every Optuna trial fails; both are reported failed and the
+    command exits 1 with the report written."""
+    import os
+    import subprocess
+    import sys
 
-    from flows.cluster import close_shared_cluster
-    from pipetune.cli import main
+    from mlflow.tracking import MlflowClient
 
     job = {**JOB, "search": {**JOB["search"], "trials": 3},
            "workload": {"name": "synthetic",
@@ -507,23 +509,23 @@ def test_a_bench_reports_failed_strategies_and_goes_on(prefect_api_url, tmp_path
     path.write_text(yaml.safe_dump(job))
     out = tmp_path / "out"
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    try:
-        code = main(["bench", str(path), "--strategies", "pipetune-cold,optuna-plain",
-                     "--no-oracle", "--out", str(out), "--tracking-uri", uri])
-    finally:
-        close_shared_cluster()
-    captured = capsys.readouterr()
-    print(captured.err)  # the bench's own lines, for a failing run
-    assert code == 1
-    said = [line for line in captured.err.splitlines() if line.startswith("[bench ")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipetune", "bench", str(path), "--strategies",
+         "pipetune-cold,optuna-plain", "--no-oracle", "--out", str(out), "--tracking-uri", uri],
+        cwd=tmp_path, env={**os.environ, "PREFECT_API_URL": prefect_api_url},
+        capture_output=True, text=True, timeout=600)
+    captured = proc
+    print(captured.stderr)  # the bench's own lines, for a failing run
+    assert proc.returncode == 1
+    said = [line for line in captured.stderr.splitlines() if line.startswith("[bench ")]
     failed = [line for line in said if "FAILED" in line]
     assert len(failed) == 2, said
     assert "pipetune-cold: FAILED" in failed[0] and "optuna-plain: FAILED" in failed[1]
     for line in failed:
         assert "RuntimeError: synthetic workload: planned failure at epoch 1" in line
-    assert "2 of 2 strategies failed (pipetune-cold, optuna-plain)" in captured.err
-    assert "Traceback" not in captured.err  # one line each, not Prefect's engine traceback
-    assert f"report: {out}" in captured.out
+    assert "2 of 2 strategies failed (pipetune-cold, optuna-plain)" in captured.stderr
+    assert "Traceback" not in captured.stderr  # one line each, not Prefect's engine traceback
+    assert f"report: {out}" in captured.stdout
     text = (out / "results.md").read_text()
     assert "| pipetune-cold (FAILED) |" in text and "| optuna-plain (FAILED) |" in text
     assert "- pipetune-cold FAILED: workload synthetic is broken: 3 trials failed with " \
