@@ -93,7 +93,8 @@ def run_pipetune(job: dict, work: Path, name: str, home: Path) -> dict:
     (exp,) = [e for e in client.search_experiments() if e.name != "Default"]
     runs = client.search_runs([exp.experiment_id])
     parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
-    m = parent.data.metrics
+    # the study run's metrics are named study_<summary key> (pipetune.tracking.tracker)
+    m = {k.removeprefix("study_"): v for k, v in parent.data.metrics.items()}
     busy = 0.0
     for child in (r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id):
         secs = client.get_metric_history(child.info.run_id, "epoch_seconds")

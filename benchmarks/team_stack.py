@@ -80,7 +80,8 @@ def _study_metrics(tracking_uri: str, out: str) -> dict[str, float]:
     run = client.search_runs([exp.experiment_id], "tags.`pipetune.kind` = 'study'",
                              order_by=["start_time DESC"], max_results=1)[0]
     assert run.info.run_id in out, "the newest study run is not the one just printed"
-    return dict(run.data.metrics)
+    # the study run's metrics are named study_<summary key> (pipetune.tracking.tracker)
+    return {k.removeprefix("study_"): v for k, v in run.data.metrics.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

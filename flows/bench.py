@@ -46,6 +46,7 @@ from pipetune.progress import add_listener, remove_listener
 from pipetune.remote import default_address
 from pipetune.spec import JobSpec
 from pipetune.system.config import MachineInfo
+from pipetune.tracking.links import ui_base_url
 
 
 def _say(message: str) -> None:
@@ -217,7 +218,7 @@ def run_bench(
             tracker.client.set_tag(summary["parent_run_id"], "pipetune.bench_strategy", ORACLE)
             shutil.rmtree(checkpoints, ignore_errors=True)
         bench.bench_wall_s = time.time() - started
-        paths = write_report(bench, out)
+        paths = write_report(bench, out, ui_base=ui_base_url(tracking_uri))
         tracker.finish(bench, paths)
     except BaseException:
         tracker.fail()

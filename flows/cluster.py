@@ -24,7 +24,7 @@ _clients: dict[str, object] = {}
 #: Environment the embedded workers inherit from the driver, when set.
 WORKER_ENV = ("PREFECT_API_URL", "PREFECT_HOME", "PIPETUNE_HOME", "MLFLOW_DISABLE_TELEMETRY",
               "PREFECT_SERVER_ANALYTICS_ENABLED", "DASK_LOGGING__DISTRIBUTED",
-              "PREFECT_LOGGING_LEVEL", "PYTHONPATH")
+              "PREFECT_LOGGING_LEVEL", "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "PYTHONPATH")
 
 
 def embedded_cluster_kwargs(workers: int | None = None) -> dict:

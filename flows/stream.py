@@ -296,8 +296,8 @@ def stream_flow(
             metrics = record.data.metrics
             timing = JobTiming(**{
                 **asdict(timing),
-                "probe_epochs": metrics.get("probe_epochs"),
-                "groundtruth_hits": metrics.get("groundtruth_hits"),
+                "probe_epochs": metrics.get("study_probe_epochs"),
+                "groundtruth_hits": metrics.get("study_groundtruth_hits"),
                 "parent_run_id": record.info.run_id,
             })
         timings.append(timing)

@@ -180,8 +180,11 @@ def study_flow(
         [t.trial_id for t in study.trials.values() if t.state == TrialState.RUNNING])
     journal.update(status="running", reason=None, parent_run_id=tracker.parent_run_id,
                    flow_run_id=str(flow_run.id or ""))
-    _link_mlflow_run(tracker, tracking_uri)
-    logger.info("study %s: MLflow parent run %s", study_id, tracker.parent_run_id)
+    _name_flow_run(study_id)
+    _link_mlflow_run(tracker, tracking_uri, study_id)
+    logger.info("study %s: %s, %d trials (%d at a time), pipetune %s; MLflow parent run %s",
+                study_id, spec.workload.name, spec.search.trials, spec.search.max_concurrent,
+                "on" if spec.pipetune.enabled else "off", tracker.parent_run_id)
 
     record = TaskRunRecord(str(flow_run.id or ""), api_url())
     backend = PrefectEpochBackend(DaskBackend(client), record)
@@ -195,6 +198,8 @@ def study_flow(
                          if event.trial.traceback_file else "")
                 logger.warning("trial %s failed: %s%s", event.trial.trial_id,
                                event.trial.error, where, extra={"pipetune_notice": "warning"})
+            else:
+                _log_trial_end(logger, event.trial, study.metric)
             tracker.end_trial(event.trial, metric=study.metric)
             checkpoints.prune_trial(event.trial.results, study.metric, study.mode)
         notify(study)
@@ -236,6 +241,7 @@ def study_flow(
     except Exception as e:  # noqa: BLE001
         logger.warning("some Prefect task-run records were not written: %s", e)
     summary = study.summary()
+    _log_summary(logger, study, summary, wall_s)
     return {
         "study_id": study_id,
         "flow_run_id": str(flow_run.id or ""),
@@ -283,7 +289,44 @@ def _lookup(study: Study, record: TaskRunRecord, trial_id: int):
 
 def _decide(study: Study, record: TaskRunRecord, trial_id: int, epoch: int):
     with record.span("tune-system", f"trial-{trial_id}-tune-after-epoch-{epoch}", trial_id):
-        return study.decide(trial_id)
+        decision = study.decide(trial_id)
+    get_run_logger().info("trial %d after epoch %d: %s epoch under %s (%s)", trial_id, epoch,
+                          decision.phase.value, decision.system.label(), decision.reason)
+    return decision
+
+
+def _log_trial_end(logger: Any, trial: Any, metric: str) -> None:
+    value = trial.last_value(metric)
+    logger.info("trial %d %s after %d epoch(s): %s %s under %s", trial.trial_id, trial.state,
+                trial.epochs_run, metric, "-" if value is None else f"{value:.4g}",
+                trial.final_system.label() if trial.final_system else "-")
+
+
+def _log_summary(logger: Any, study: Study, summary: Any, wall_s: float) -> None:
+    best = (f"best {study.metric} {summary.best_value:.4g} (trial {summary.best_trial}) "
+            f"params {summary.best_params} under {summary.best_system.label()}"
+            if summary.best_value is not None and summary.best_system else "no trial finished")
+    logger.info("study %s done in %.1f s: %s; %d trials (%d completed, %d stopped, %d failed), "
+                "%d epochs, %d probe epochs, ground-truth hits %d/%d", study.study_id, wall_s,
+                best, summary.trials, summary.completed, summary.stopped, summary.failed,
+                summary.epochs_run, summary.probe_epochs, summary.groundtruth_hits,
+                summary.groundtruth_lookups)
+
+
+def _name_flow_run(study_id: str) -> None:
+    """Name the flow run after its study (the study id: job name, start time, a suffix),
+    unless its caller named it (``study_flow.with_options(flow_run_name=...)``)."""
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None or context.flow.flow_run_name:
+        return
+    try:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(context.flow_run.id, name=study_id)
+    except Exception as e:  # noqa: BLE001 - a name is not worth failing the study
+        get_run_logger().warning("could not name the flow run %s: %s", study_id, e)
 
 
 def _evaluate_best(study: Study, backend: PrefectEpochBackend) -> dict[str, float]:
@@ -295,19 +338,31 @@ def _evaluate_best(study: Study, backend: PrefectEpochBackend) -> dict[str, floa
     return {f"best_checkpoint_{k}": v for k, v in metrics.items()}
 
 
-def _link_mlflow_run(tracker: StudyTracker, tracking_uri: str) -> None:
-    """A markdown artifact on the flow run pointing at its MLflow parent run."""
+def _link_mlflow_run(tracker: StudyTracker, tracking_uri: str, study_id: str) -> None:
+    """A markdown artifact on the flow run: a table with the study's MLflow run, its
+    trials' runs and the store, each a link into the MLflow UI's Model-training view."""
     from prefect.artifacts import create_markdown_artifact
 
+    from pipetune.tracking.links import run_url, study_runs_url, ui_base_url
+
+    base = ui_base_url(tracking_uri)
+    experiment = tracker.experiment_id
+    local = not tracking_uri.startswith(("http://", "https://"))
+    opened = (f"`pipetune ui --tracking-uri {tracking_uri}` serves them at {base}" if local
+              else "the tracking server's own UI")
+    rows = [
+        ("study run", f"[{tracker.parent_run_id}]"
+                      f"({run_url(base, tracker.parent_run_id, experiment)})"),
+        ("the study and its trials", f"[runs table]({study_runs_url(base, experiment, study_id)})"),
+        ("study id", f"`{study_id}`"),
+        ("experiment", f"`pipetune` (id `{experiment}`)"),
+        ("tracking URI", f"`{tracking_uri}`"),
+        ("opened with", opened),
+    ]
     create_markdown_artifact(
         key="mlflow-run",
-        markdown=(
-            f"## MLflow\n\n- tracking URI: `{tracking_uri}`\n"
-            f"- experiment id: `{tracker.experiment_id}`\n"
-            f"- parent run id: `{tracker.parent_run_id}`\n\n"
-            f"Open with `pipetune ui` (or `mlflow ui --backend-store-uri {tracking_uri}`), "
-            f"then experiment `pipetune` -> run `{tracker.parent_run_id}`."
-        ),
+        markdown="## MLflow\n\n| | |\n|---|---|\n" + "".join(
+            f"| {name} | {value} |\n" for name, value in rows),
         description="Where this study is recorded in MLflow",
     )
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pipetune.states import TrialState
 
@@ -109,18 +109,67 @@ def trials_table(study: Study) -> pd.DataFrame:
 
 
 #: The timeline draws at most this many trials, so its size is bounded however many
-#: trials a study has (a 0.6-inch row each).
+#: trials a study has (a :data:`TIMELINE_ROW_IN` row each).
 TIMELINE_MAX_TRIALS = 60
+#: The picture's resolution (as saved), width and height per trial row, in inches.
+TIMELINE_DPI = 100
+TIMELINE_WIDTH_IN = 12.0
+TIMELINE_ROW_IN = 0.75
+#: Point size of every text on the timeline: at :data:`TIMELINE_DPI` a capital letter
+#: is 10 pixels tall (9.5 pt renders 8 px tall capitals).
+TIMELINE_FONT_PT = 10.0
+#: What is drawn around an epoch but is not the epoch: its start-up (from hand-out to
+#: the worker's start, the worker building the workload and loading its checkpoint),
+#: the profiler's own set-up and read-out with the system config's application, and
+#: saving the checkpoint.
+STARTUP_COLOUR = "#dcdcdc"
+PROFILER_COLOUR = "#c8b4e0"
+SAVE_COLOUR = "#8c8c8c"
+
+
+class EpochSpan(NamedTuple):
+    """Where one epoch's time went, as wall-clock times (``time.time()``)."""
+
+    #: Handed out by the study (the worker's start where the study has no hand-out
+    #: time, or where the two machines' clocks put the hand-out after it).
+    handed: float
+    #: On the worker: the workload built and its checkpoint loaded.
+    ready: float
+    #: ``ended`` less the training's and the evaluation's seconds: the epoch proper.
+    #: Between ``ready`` and here: the profiler's set-up and read-out (the read-out
+    #: really falls between training and evaluation) and the config's application.
+    began: float
+    #: Trained and evaluated.
+    ended: float
+    #: Its checkpoint saved (handed to the background writer, for a live trial).
+    saved: float
+
+
+def epoch_span(study: Study, result: Any) -> EpochSpan:
+    """Where ``result``'s epoch spent its time, from the study's hand-out to its save."""
+    times = study.epoch_times.get((result.trial_id, result.epoch))
+    handed = times[1] if times is not None and math.isfinite(times[1]) else result.started
+    ready = result.started + result.setup_s
+    ended = max(result.finished - result.checkpoint_s, ready)
+    began = max(ended - result.measurement.wall_s - result.eval_s, ready)
+    return EpochSpan(min(handed, result.started), ready, began, ended,
+                     max(result.finished, ended))
 
 
 def timeline_figure(study: Study) -> Figure:
-    """Trials by wall-clock time, one bar per epoch coloured by phase and, where the
-    text fits inside the bar, labelled with its epoch and system config. Past
-    :data:`TIMELINE_MAX_TRIALS` trials, the ones that ran the most epochs are drawn (the
-    title says how many of how many)."""
+    """Trials by wall-clock time. Per epoch, a bar as long as its training and
+    evaluation, ending where they ended on its worker, coloured by phase and labelled,
+    where the text fits inside the bar, with its epoch and system config (or its epoch
+    alone); before it two bands, the start-up (handed out -> worker started ->
+    workload built and checkpoint loaded) and the profiler's set-up and read-out; after
+    it a sliver, the checkpoint save (see :class:`EpochSpan`). Each patch's gid says
+    what it is (``epoch``, ``start-up``, ``profiler``, ``save``) and whose:
+    ``epoch:<trial>:<epoch>``. Past :data:`TIMELINE_MAX_TRIALS` trials, the ones that
+    ran the most epochs are drawn (the title says how many of how many)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
@@ -129,29 +178,57 @@ def timeline_figure(study: Study) -> Figure:
     if total > TIMELINE_MAX_TRIALS:
         longest = sorted(trials, key=lambda t: (-t.epochs_run, t.trial_id))
         trials = sorted(longest[:TIMELINE_MAX_TRIALS], key=lambda t: t.trial_id)
-    starts = [r.started for t in trials for r in t.results]
-    t0 = min(starts) if starts else 0.0
-    fig = Figure(figsize=(11, 0.6 * max(len(trials), 2) + 1.5))
+    spans = {(t.trial_id, r.epoch): epoch_span(study, r) for t in trials for r in t.results}
+    t0 = min((s.handed for s in spans.values()), default=0.0)
+    fig = Figure(figsize=(TIMELINE_WIDTH_IN, TIMELINE_ROW_IN * max(len(trials), 2) + 2.4),
+                 dpi=TIMELINE_DPI)
+    FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    labels: list[tuple[Any, str]] = []
+    font = TIMELINE_FONT_PT
+    labels: list[tuple[Any, list[str]]] = []
     for row, t in enumerate(trials):
+        last = 0.0
         for r in t.results:
-            left, width = r.started - t0, max(r.finished - r.started, 1e-3)
-            (bar,) = ax.barh(row, width, left=left, height=BAR_HEIGHT,
+            handed, ready, began, ended, saved = (s - t0 for s in spans[(t.trial_id, r.epoch)])
+            whose = f"{t.trial_id}:{r.epoch}"
+            for kind, left, right, colour in (("start-up", handed, ready, STARTUP_COLOUR),
+                                              ("profiler", ready, began, PROFILER_COLOUR),
+                                              ("save", ended, saved, SAVE_COLOUR)):
+                if right > left:
+                    ax.barh(row, right - left, left=left, height=BAR_HEIGHT, color=colour,
+                            linewidth=0, gid=f"{kind}:{whose}")
+            (bar,) = ax.barh(row, max(ended - began, 1e-3), left=began, height=BAR_HEIGHT,
                              color=PHASE_COLOURS[r.phase.value], edgecolor="black",
-                             linewidth=0.4)
-            labels.append((bar, f"e{r.epoch}\n{r.system.label()}"))
+                             linewidth=0.4, gid=f"epoch:{whose}")
+            labels.append((bar, [f"e{r.epoch}\n{r.system.label()}", f"e{r.epoch}"]))
+            last = max(last, saved)
         if t.state == TrialState.FAILED:
-            ax.text(0, row + 0.35, "failed", fontsize=6, color="red")
+            ax.text(last, row, " failed", fontsize=font, color="red", va="center")
     ax.set_yticks(range(len(trials)), [f"trial {t.trial_id} ({t.state})" for t in trials])
-    ax.invert_yaxis()
-    ax.set_xlabel("seconds since the first epoch started")
+    ax.set_ylim(max(len(trials), 1) - 0.5, -0.5)  # trial 0 on top
+    ax.tick_params(labelsize=font)
+    ax.set_xlabel("seconds since the first epoch was handed out", fontsize=font)
     shown = f" ({len(trials)} of {total} trials: those that ran longest)" \
         if len(trials) < total else ""
-    ax.set_title(f"{study.spec.name}: epochs by phase and system config{shown}")
-    ax.legend(handles=[Patch(color=c, label=p) for p, c in PHASE_COLOURS.items()],
-              loc="lower right", fontsize=7)
-    fig.tight_layout()
+    ax.set_title(f"{study.spec.name}: epochs by phase and system config{shown}",
+                 fontsize=font + 2)
+    # Two rows: the phases (the epochs), then what is not the epoch.
+    handles = [
+        Patch(color=PHASE_COLOURS["profile"], label="profile epoch"),
+        Patch(color=STARTUP_COLOUR, label="start-up: handed out → worker, build, load"),
+        Patch(color=PHASE_COLOURS["probe"], label="probe epoch"),
+        Patch(color=PROFILER_COLOUR, label="profiler set-up + read-out"),
+        Patch(color=PHASE_COLOURS["train"], label="train epoch"),
+        Patch(color=SAVE_COLOUR, label="checkpoint save"),
+    ]
+    legend = fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.0),
+                        ncols=3, fontsize=font, title_fontsize=font, frameon=False,
+                        title="bars: each epoch's training + evaluation on its worker, "
+                              "by phase; bands before a bar: its start-up, then the "
+                              "profiler's set-up + read-out")
+    # The legend sits under the axes, off the data: the layout keeps its height free.
+    height = legend.get_window_extent(fig.canvas.get_renderer()).height / fig.bbox.height
+    fig.tight_layout(rect=(0, height, 1, 1))
     _label_bars(fig, ax, labels)
     return fig
 
@@ -163,25 +240,29 @@ LABEL_MARGIN_PT = 1.5
 OUTLINE_MIN_PT = 3.0
 
 
-def _label_bars(fig: Figure, ax: Any, labels: list[tuple[Any, str]]) -> None:
-    """Write each bar's label inside it when the text, as the renderer measures it,
-    fits in the bar as drawn; leave a bar too narrow (or too short) unlabelled, its
-    colour still saying the phase. Called once the layout is final."""
+def _label_bars(fig: Figure, ax: Any, labels: list[tuple[Any, list[str]]]) -> None:
+    """Write in each bar the first of its labels (longest first) that fits in the bar
+    as drawn, the text as the renderer measures it; leave a bar too narrow (or too
+    short) for all of them unlabelled, its colour still saying the phase. Called once
+    the layout is final."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
     renderer = canvas.get_renderer()
     ax.get_xlim()  # settles the autoscaled view limits that transData maps through
     points = fig.dpi / 72
-    for bar, text in labels:
+    room = 2 * LABEL_MARGIN_PT * points
+    for bar, texts in labels:
         box = bar.get_window_extent(renderer)
         if box.width < OUTLINE_MIN_PT * points:
             bar.set_linewidth(0)
-        label = ax.text(bar.get_x() + bar.get_width() / 2, bar.get_y() + bar.get_height() / 2,
-                        text, ha="center", va="center", fontsize=5.5)
-        extent = label.get_window_extent(renderer)
-        room = 2 * LABEL_MARGIN_PT * points
-        if extent.width + room > box.width or extent.height + room > box.height:
+        for text in texts:
+            label = ax.text(bar.get_x() + bar.get_width() / 2,
+                            bar.get_y() + bar.get_height() / 2, text, ha="center",
+                            va="center", fontsize=TIMELINE_FONT_PT)
+            extent = label.get_window_extent(renderer)
+            if extent.width + room <= box.width and extent.height + room <= box.height:
+                break
             label.remove()
 
 

@@ -167,6 +167,7 @@ class Study:
             trial_id=suggestion.trial_id,
             params=dict(suggestion.params),
             seed=self.spec.search.seed * 100_003 + suggestion.trial_id,
+            started=time.time(),
         )
         _, trial.fixed_system = split_system_params(trial.params, self.spec.system.default)
         self.trials[trial.trial_id] = trial

@@ -45,6 +45,9 @@ class Trial:
     #: epoch run under a known job's config did not confirm it (the tuner then starts
     #: over from a default epoch).
     baseline: int = 0
+    #: Wall-clock time (``time.time()``) the engine started the trial (asked the
+    #: searcher for it), or None when not known; its MLflow run starts then.
+    started: float | None = None
 
     def tuner_history(self) -> list[EpochObservation]:
         """The observations the system tuner sees, numbered from its baseline."""

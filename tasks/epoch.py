@@ -37,7 +37,12 @@ def train_epoch(epoch_task: EpochTask) -> EpochResult:
     return run_epoch(epoch_task)
 
 
-@task(name="evaluate-best", cache_policy=NO_CACHE, persist_result=False)
+@task(
+    name="evaluate-best",
+    task_run_name="evaluate-best-checkpoint-of-trial-{epoch_task.trial_id}",
+    cache_policy=NO_CACHE,
+    persist_result=False,
+)
 def evaluate_checkpoint(epoch_task: EpochTask, checkpoint: str, backend: Any) -> dict[str, Any]:
     """Re-evaluate a trial's final checkpoint on the held-out split."""
     return backend.evaluate(epoch_task, checkpoint)

@@ -82,7 +82,7 @@ def _resume_finishes_the_study(tmp_path: Path, name: str) -> None:
     for run in trials:
         steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "train_loss"))
         assert steps == [1, 2, 3], (run.data.tags["pipetune.trial_id"], steps)
-    assert parents[0].data.metrics["epochs_run"] == 24
+    assert parents[0].data.metrics["study_epochs_run"] == 24
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])

@@ -47,11 +47,11 @@ def test_the_example_tunes_from_its_folder_and_recurs_from_the_ground_truth(
     first, second = sorted(
         client.search_runs([exp.experiment_id], "tags.`pipetune.kind` = 'study'"),
         key=lambda r: r.info.start_time)
-    assert first.data.metrics["probe_epochs"] >= 1, runs[0]
-    assert second.data.metrics["groundtruth_hits"] >= 1, runs[1]
+    assert first.data.metrics["study_probe_epochs"] >= 1, runs[0]
+    assert second.data.metrics["study_groundtruth_hits"] >= 1, runs[1]
     if every_trial_hits:
-        assert second.data.metrics["probe_epochs"] == 0, runs[1]
-        assert second.data.metrics["groundtruth_hits"] == second.data.metrics["trials"]
+        assert second.data.metrics["study_probe_epochs"] == 0, runs[1]
+        assert second.data.metrics["study_groundtruth_hits"] == second.data.metrics["study_trials"]
     assert {first.info.status, second.info.status} == {"FINISHED"}
     assert {f.path for f in client.list_artifacts(second.info.run_id, "best_model")} >= {
         "best_model/best_model.pt", "best_model/best_model.json"}

@@ -443,9 +443,9 @@ def test_a_recurring_job_reuses_the_ground_truth(deployed, two_runs):
         assert run.info.status == "FINISHED"
         assert run.data.tags["prefect.deployment_id"] == str(deployment.id)
         assert run.data.tags["prefect.deployment_name"] == "tiny-synthetic"
-    assert one.data.metrics["probe_epochs"] > 0  # nothing known yet: trial 0 probed
-    assert two.data.metrics["probe_epochs"] < one.data.metrics["probe_epochs"]
-    assert two.data.metrics["groundtruth_hits"] > 0
+    assert one.data.metrics["study_probe_epochs"] > 0  # nothing known yet: trial 0 probed
+    assert two.data.metrics["study_probe_epochs"] < one.data.metrics["study_probe_epochs"]
+    assert two.data.metrics["study_groundtruth_hits"] > 0
 
 
 @pytest.mark.slow

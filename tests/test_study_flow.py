@@ -3,6 +3,8 @@ real (tiny) training, MLflow on SQLite, checkpoints on disk."""
 
 from __future__ import annotations
 
+import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -65,7 +67,19 @@ def artifact_paths(client, run_id, path=None):
 
 @pytest.fixture(scope="module")
 def cold(cluster, store):
-    return run_study(cluster, store)
+    # As `pipetune tune` runs it: the run loggers at INFO, so the flow run's Logs tab
+    # gets the study's lines (the CLI raises only its console handler to WARNING).
+    # Prefect configures its loggers when first imported: import it first.
+    import flows.study
+
+    runs = logging.getLogger("prefect.flow_runs")
+    level = runs.level
+    runs.setLevel(logging.INFO)
+    try:
+        return run_study(cluster, store)
+    finally:
+        runs.setLevel(level)
+        flows.study.drain_prefect()  # sent now, while the session's server is up
 
 
 def test_study_records_parent_and_trial_runs_in_mlflow(cold, store):
@@ -75,9 +89,9 @@ def test_study_records_parent_and_trial_runs_in_mlflow(cold, store):
     parent = client.get_run(cold["parent_run_id"])
     assert parent.info.status == "FINISHED"
     assert parent.data.tags["prefect.flow_run_id"] == cold["flow_run_id"]
-    assert parent.data.metrics["trials"] == 3
-    assert parent.data.metrics["epochs_run"] == 9
-    assert parent.data.metrics["tuning_wall_s"] > 0
+    assert parent.data.metrics["study_trials"] == 3
+    assert parent.data.metrics["study_epochs_run"] == 9
+    assert parent.data.metrics["study_tuning_wall_s"] > 0
     assert parent.data.tags["energy_source"] == "estimate"
     assert {"job.json", "spaces.json", "trials.csv", "timeline.png",
             "best_model/best_model.pt", "best_model/best_model.json"} <= set(
@@ -159,8 +173,45 @@ def test_prefect_shows_each_trial_as_a_chain_of_tasks(cold):
         assert chain[0].state.is_completed()
         assert chain[0].task_inputs.get("wait_for", []) == []
     others = [r for r in runs if not r.name.startswith("trial-")]
-    assert [r.name.rsplit("-", 1)[0] for r in others] == ["evaluate-best"]
+    assert [r.name for r in others] == [
+        f"evaluate-best-checkpoint-of-trial-{int(cold['best_trial'])}"]
     assert others[0].state.is_completed()
+
+
+def test_the_flow_run_is_named_after_its_study_and_logs_what_the_study_did(cold):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    study = cold["study_id"]
+    with get_client(sync_client=True) as client:
+
+        assert client.read_flow_run(cold["flow_run_id"]).name == study
+        deadline = time.monotonic() + 30  # logs reach the server in the background
+        while True:
+            logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(
+                any_=[cold["flow_run_id"]])))
+            messages = [entry.message for entry in logs]
+            if any(m.startswith(f"study {study} done in") for m in messages):
+                break
+            assert time.monotonic() < deadline, messages
+            time.sleep(0.5)
+    assert any(m.startswith(f"study {study}: synthetic, 3 trials") for m in messages), messages
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        (artifact,) = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[cold["flow_run_id"]])))
+    # A table whose links open the study's run and its runs table in the Model-training view.
+    assert "| study run | [" in artifact.data
+    assert f"/#/experiments/{cold['experiment_id']}/runs/{cold['parent_run_id']}" \
+        "?workflowType=machine_learning)" in artifact.data
+    assert "searchFilter=tags.%60pipetune.study_id%60+%3D+%27" + study in artifact.data
+    # Each trial's two decisions (after epochs 1 and 2), and its end.
+    for trial in range(3):
+        decided = [m for m in messages if m.startswith(f"trial {trial} after epoch ")]
+        assert len(decided) == 2, messages
+        assert any(m.startswith(f"trial {trial} completed after 3 epoch(s): accuracy ")
+                   for m in messages), messages
 
 
 def test_an_ended_trial_keeps_its_last_and_best_checkpoints(cold, store):
@@ -189,8 +240,8 @@ def test_second_run_of_the_same_job_hits_the_ground_truth(cold, cluster, store):
     assert warm["probe_epochs"] == 0
     assert warm["groundtruth_hits"] == 3
     parent = MlflowClient(store["tracking_uri"]).get_run(warm["parent_run_id"])
-    assert parent.data.metrics["probe_epochs"] == 0
-    assert parent.data.metrics["groundtruth_hits"] == 3
+    assert parent.data.metrics["study_probe_epochs"] == 0
+    assert parent.data.metrics["study_groundtruth_hits"] == 3
 
 
 def test_no_pipetune_runs_every_epoch_under_the_default(cluster, store):
@@ -227,7 +278,7 @@ def test_a_failing_trial_fails_alone(cluster, store):
     assert runs["failed"].info.status == "FAILED"
     assert "hidden=8" in runs["failed"].data.tags["error"]
     parent = client.get_run(summary["parent_run_id"])
-    assert parent.info.status == "FINISHED" and parent.data.metrics["trials_failed"] == 1
+    assert parent.info.status == "FINISHED" and parent.data.metrics["study_trials_failed"] == 1
 
 
 def test_a_corrupt_ground_truth_stops_the_study_before_it_records(cluster, store, tmp_path):

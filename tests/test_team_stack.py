@@ -152,11 +152,11 @@ def test_a_team_tunes_through_the_stack(stack, tmp_path):
     assert len(parents) == 1
     study_id = parents[0].data.tags["pipetune.study_id"]
     parent, trials = _study_runs(client, study_id)
-    assert parent.info.status == "FINISHED" and parent.data.metrics["best_value"] > 0
+    assert parent.info.status == "FINISHED" and parent.data.metrics["study_best_value"] > 0
     assert len(trials) == 3
     assert {t.info.status for t in trials} == {"FINISHED"}, [
         (t.data.tags.get("outcome"), t.data.tags.get("error")) for t in trials]
-    assert parent.data.metrics["probe_epochs"] >= 1  # a fresh ground truth: it probed
+    assert parent.data.metrics["study_probe_epochs"] >= 1  # a fresh ground truth: it probed
     # Checkpoints are artifacts of the study's run, at most best + last per trial.
     for trial in range(3):
         folder = f"checkpoints/{study_id}/trial-{trial:03d}"
@@ -184,5 +184,5 @@ def test_a_team_tunes_through_the_stack(stack, tmp_path):
         max_results=1)[0]
     assert second.info.run_id != parent.info.run_id and second.info.run_id in out
     assert second.info.status == "FINISHED"
-    assert second.data.metrics["groundtruth_hits"] == 3, second.data.metrics
-    assert second.data.metrics["probe_epochs"] == 0, second.data.metrics
+    assert second.data.metrics["study_groundtruth_hits"] == 3, second.data.metrics
+    assert second.data.metrics["study_probe_epochs"] == 0, second.data.metrics

@@ -22,9 +22,11 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
-def markdown(bench: BenchResult) -> str:
+def markdown(bench: BenchResult, *, ui_base: str | None = None) -> str:
     """The bench as markdown: setup, strategy table (a failed strategy: ``FAILED`` and
-    no figures, its reason in the list below the table), oracle table, targets."""
+    no figures, its reason in the list below the table), oracle table, targets. With
+    ``ui_base`` (:func:`pipetune.tracking.links.ui_base_url`), the bench run is a link
+    into the MLflow UI."""
     lines = [
         f"### {bench.job}{' (quick)' if bench.quick else ''}",
         "",
@@ -36,7 +38,12 @@ def markdown(bench: BenchResult) -> str:
     if bench.bench_wall_s is not None:
         lines.append(f"- whole bench wall time: {bench.bench_wall_s:.0f} s")
     if bench.bench_run_id:
-        lines.append(f"- MLflow bench run: `{bench.bench_run_id}` (experiment `pipetune-bench`)")
+        line = f"- MLflow bench run: `{bench.bench_run_id}` (experiment `pipetune-bench`)"
+        if ui_base:
+            from pipetune.tracking.links import run_url
+
+            line += f": <{run_url(ui_base, bench.bench_run_id)}>"
+        lines.append(line)
     lines += ["", "| strategy | tuning s | process s | vs optuna | vs V1 | best " + bench.metric
               + " | epochs | probes | GT hits | energy J | vs V1 | chosen system | train s "
               "| vs V1 | vs oracle | overhead |",
@@ -139,9 +146,11 @@ def metric_time_figure(bench: BenchResult):
     return fig
 
 
-def write_report(bench: BenchResult, out_dir: str | Path) -> dict[str, Path]:
+def write_report(bench: BenchResult, out_dir: str | Path, *,
+                 ui_base: str | None = None) -> dict[str, Path]:
     """Write ``results.md``, ``results.json``, ``tuning_time.png`` and
-    ``metric_vs_time.png`` to ``out_dir``; returns the paths by kind."""
+    ``metric_vs_time.png`` to ``out_dir``; returns the paths by kind. ``ui_base``: as
+    for :func:`markdown`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {
@@ -150,7 +159,7 @@ def write_report(bench: BenchResult, out_dir: str | Path) -> dict[str, Path]:
         "tuning_time": out / "tuning_time.png",
         "metric_vs_time": out / "metric_vs_time.png",
     }
-    paths["markdown"].write_text(markdown(bench), encoding="utf-8")
+    paths["markdown"].write_text(markdown(bench, ui_base=ui_base), encoding="utf-8")
     paths["json"].write_text(json.dumps(bench.to_json(), indent=2, default=str), encoding="utf-8")
     tuning_time_figure(bench).savefig(paths["tuning_time"], dpi=110)
     metric_time_figure(bench).savefig(paths["metric_vs_time"], dpi=110)

@@ -64,12 +64,41 @@ def run_bench_command(args: argparse.Namespace) -> int:
     print(paths["markdown"].read_text(encoding="utf-8"))
     print(f"report: {out} (results.md, results.json, tuning_time.png, metric_vs_time.png)")
     print(f"MLflow: bench run {bench.bench_run_id} (experiment pipetune-bench) in {tracking_uri}")
+    _print_links(bench, tracking_uri)
     if bench.failed:
         names = ", ".join(s.strategy for s in bench.failed)
         print(f"error: {len(bench.failed)} of {len(bench.strategies)} strategies failed "
               f"({names}); their reasons are in {paths['markdown']}", file=sys.stderr)
         return 1
     return 0
+
+
+def _print_links(bench, tracking_uri: str) -> None:
+    """The bench run's and each strategy's study run's pages in the MLflow UI."""
+    from pipetune.bench import BENCH_EXPERIMENT
+    from pipetune.tracking import DEFAULT_EXPERIMENT, default_tracking_uri, mlflow_client
+    from pipetune.tracking.links import run_url, ui_base_url
+
+    base = ui_base_url(tracking_uri)
+    client = mlflow_client(tracking_uri)
+
+    def experiment_id(name: str) -> str | None:
+        try:
+            found = client.get_experiment_by_name(name)
+        except Exception:  # noqa: BLE001 - a link without its experiment still opens the run
+            return None
+        return found.experiment_id if found is not None else None
+
+    served = tracking_uri.split(":", 1)[0].lower() in ("http", "https")
+    ui = "pipetune ui" + ("" if tracking_uri == default_tracking_uri()
+                          else f" --tracking-uri {shlex.quote(tracking_uri)}")
+    if bench.bench_run_id:
+        print(f"  open {run_url(base, bench.bench_run_id, experiment_id(BENCH_EXPERIMENT))}"
+              + ("" if served else f" (start the UI first: {ui})"))
+    studies = experiment_id(DEFAULT_EXPERIMENT)
+    for s in bench.strategies:
+        if s.study_run_id:
+            print(f"  {s.strategy} study run: {run_url(base, s.study_run_id, studies)}")
 
 
 def add_bench(subparsers: argparse._SubParsersAction) -> None:

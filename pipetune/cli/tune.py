@@ -337,8 +337,13 @@ class _LiveDisplay:
 
 
 def _print_summary(summary: dict, metric: str, api_url: str, server) -> None:
+    import shlex
+
     from rich.console import Console
     from rich.table import Table
+
+    from pipetune.tracking import default_tracking_uri
+    from pipetune.tracking.links import run_url, study_runs_url, ui_base_url
 
     console = Console()
     table = Table(title="trials")
@@ -363,9 +368,15 @@ def _print_summary(summary: dict, metric: str, api_url: str, server) -> None:
     if summary.get("resumed_epochs"):
         print(f"resumed study {summary['study_id']}: {int(summary['resumed_epochs'])} finished "
               "epochs taken over, not run again")
-    print(f"MLflow: run {summary['parent_run_id']} in {summary['tracking_uri']}")
-    print("  browse it with: pipetune ui" + ("" if summary["tracking_uri"].startswith("sqlite")
-                                               else f" --tracking-uri {summary['tracking_uri']}"))
+    uri, run_id = summary["tracking_uri"], summary["parent_run_id"]
+    print(f"MLflow: run {run_id} in {uri}")
+    base, experiment_id = ui_base_url(uri), summary.get("experiment_id")
+    link = (study_runs_url(base, experiment_id, summary["study_id"])
+            if experiment_id and summary.get("study_id") else run_url(base, run_id, experiment_id))
+    served = uri.split(":", 1)[0].lower() in ("http", "https")  # the server shows it
+    ui = "pipetune ui" + ("" if uri == default_tracking_uri()
+                          else f" --tracking-uri {shlex.quote(uri)}")
+    print(f"  open {link}" + ("" if served else f" (start the UI first: {ui})"))
     if server is None:
         print(f"Prefect: flow runs at {api_url.removesuffix('/api')}")
 

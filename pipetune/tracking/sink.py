@@ -102,14 +102,17 @@ class MlflowSink:
 
     def open_study(self, experiment: str, run_name: str, tags: dict[str, str],
                    params: Sequence[tuple[str, str]],
-                   files: Sequence[tuple[dict[str, Any], str]]) -> tuple[str, str]:
+                   files: Sequence[tuple[dict[str, Any], str]],
+                   start_time: int | None = None) -> tuple[str, str]:
         """The store and ``experiment`` (created if needed), then the study's parent run
-        with its ``params`` and JSON ``files`` (dict, artifact file name); returns
+        (starting at ``start_time``, ms since the epoch; default now) with its ``params``
+        and JSON ``files`` (dict, artifact file name); returns
         ``(experiment_id, parent_run_id)``."""
         from mlflow.entities import Param
 
         self.experiment_id = ensure_experiment(self._uri(), experiment)
-        parent = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        parent = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags,
+                                        start_time=start_time)
         self.parent_run_id = parent.info.run_id
         self.client.log_batch(self.parent_run_id, params=[Param(k, v) for k, v in params])
         for content, name in files:
@@ -141,12 +144,13 @@ class MlflowSink:
                      texts: Sequence[tuple[str, str]] = (),
                      files: Sequence[tuple[bytes, str]] = (),
                      best_model: tuple[str, dict[str, Any], str] | None = None,
-                     best_trial: int | None = None, end: bool = True) -> None:
+                     best_trial: int | None = None, end: bool = True,
+                     end_time: int | None = None) -> None:
         """Everything sent before written, then the study's summary on its parent run:
         ``texts`` (content, artifact file name), ``files`` (bytes, artifact file name),
         ``best_model`` (checkpoint reference, ``best_model.json`` record, recipe) under
         ``best_model/``, the tag ``best_trial_run_id``; with ``end``, the run ends
-        FINISHED."""
+        FINISHED at ``end_time`` (ms since the epoch; default now)."""
         import json
         import tempfile
         from pathlib import Path
@@ -184,13 +188,15 @@ class MlflowSink:
                 (folder / "load_best_model.py").write_text(recipe)
                 self.client.log_artifacts(run_id, tmp, "best_model")
         if end:
-            self.client.set_terminated(run_id, status="FINISHED")
+            self.client.set_terminated(run_id, status="FINISHED", end_time=end_time)
 
-    def fail_study(self, status: str, reason: str | None = None) -> None:
+    def fail_study(self, status: str, reason: str | None = None,
+                   end_time: int | None = None) -> None:
         """What was sent written as far as it can be, then every trial run still
         running ended KILLED and the parent run ended ``status`` (with ``reason`` as its
-        ``pipetune.failure`` tag). Never raises for one run: what cannot be written is
-        logged; the first failure is raised at the end (the caller says what was lost)."""
+        ``pipetune.failure`` tag), all at ``end_time`` (ms since the epoch; default
+        now). Never raises for one run: what cannot be written is logged; the first
+        failure is raised at the end (the caller says what was lost)."""
         error: Exception | None = None
         try:
             self.idle()
@@ -204,12 +210,12 @@ class MlflowSink:
         for trial_id, run_id in sorted(self._children.items()):
             try:
                 if self.client.get_run(run_id).info.status == "RUNNING":
-                    self.client.set_terminated(run_id, status="KILLED")
+                    self.client.set_terminated(run_id, status="KILLED", end_time=end_time)
             except Exception as e:  # noqa: BLE001
                 logger.warning("MLflow: could not end the run of trial %s: %s", trial_id, e)
                 error = error or e
         try:
-            self.client.set_terminated(self.parent_run_id, status=status)
+            self.client.set_terminated(self.parent_run_id, status=status, end_time=end_time)
         except Exception as e:  # noqa: BLE001
             logger.warning("MLflow: could not mark study run %s ended: %s",
                            self.parent_run_id, e)
@@ -266,10 +272,13 @@ class MlflowSink:
         if error is not None:
             raise error
 
-    def create_child(self, trial_id: int) -> None:
+    def create_child(self, trial_id: int, start_time: int | None = None) -> None:
+        """The run of trial ``trial_id``, a child of the study's, starting at
+        ``start_time`` (ms since the epoch: when the trial started; default now)."""
         self.idle()
         run = self.client.create_run(
             self.experiment_id,
+            start_time=start_time,
             run_name=f"trial-{trial_id}",
             tags={
                 **self.tags,
@@ -292,9 +301,10 @@ class MlflowSink:
         self.idle()
         self.client.log_text(self._run_id(run), content, name)
 
-    def terminate(self, run: Hashable, status: str) -> None:
+    def terminate(self, run: Hashable, status: str, end_time: int | None = None) -> None:
+        """``run`` ended ``status`` at ``end_time`` (ms since the epoch; default now)."""
         self.idle()
-        self.client.set_terminated(self._run_id(run), status=status)
+        self.client.set_terminated(self._run_id(run), status=status, end_time=end_time)
 
     def children(self) -> dict[int, str]:
         """Everything sent so far written; trial id -> child run id."""

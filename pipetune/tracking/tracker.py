@@ -8,10 +8,11 @@ import contextlib
 import io
 import json
 import logging
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from pipetune.states import TrialState
+from pipetune.states import Phase, TrialState
 from pipetune.tracking import DEFAULT_EXPERIMENT, mlflow_client
 from pipetune.tracking.sink import MlflowSink
 
@@ -24,12 +25,63 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: Every metric of the study's (parent) run is named with this prefix: the summary's
+#: ``energy_j`` is ``study_energy_j`` there, so no study-level figure shares a name, and
+#: so a chart, with a per-trial metric (the trials' ``energy_j`` per epoch).
+STUDY_METRIC_PREFIX = "study_"
+
+#: Metric ``phase_code`` of a trial run, per epoch: its phase as a number a chart can
+#: plot (the tag ``epoch.NNN.phase`` names it).
+PHASE_CODES: dict[Phase, int] = {Phase.PROFILE: 0, Phase.PROBE: 1, Phase.TRAIN: 2}
+
+
+def study_metric_name(key: str) -> str:
+    """The name of the study summary's ``key`` on the study's MLflow run.
+
+    >>> study_metric_name("energy_j"), study_metric_name("best_checkpoint_accuracy")
+    ('study_energy_j', 'study_best_checkpoint_accuracy')
+    """
+    return key if key.startswith(STUDY_METRIC_PREFIX) else STUDY_METRIC_PREFIX + key
+
+
+def _ms_floor(t: float) -> int:
+    return math.floor(t * 1000)
+
+
+def _ms_ceil(t: float) -> int:
+    return math.ceil(t * 1000)
+
+
+def trial_started(trial: Trial) -> float:
+    """When ``trial`` started: the engine's ``started`` (or now when unknown), or its
+    first epoch's start on the worker if that is earlier (another host's clock)."""
+    started = trial.started if trial.started is not None else time.time()
+    if trial.results:
+        started = min(started, trial.results[0].started)
+    return started
+
+
+def phase_runs(trial: Trial) -> str:
+    """The phases of ``trial``'s epochs in order, as runs: ``profile, probe x2, train x3``."""
+    runs: list[list[Any]] = []
+    for r in trial.results:
+        if runs and runs[-1][0] == r.phase.value:
+            runs[-1][1] += 1
+        else:
+            runs.append([r.phase.value, 1])
+    return ", ".join(p if n == 1 else f"{p} x{n}" for p, n in runs)
+
 
 class StudyTracker:
     """Writes a study to MLflow as it runs.
 
-    Per-epoch metrics are logged with ``step = epoch``; every system knob is logged as
-    a metric too so the UI can plot the config against the epoch.
+    Per-epoch metrics are logged with ``step = epoch`` and the time the epoch finished
+    on its worker; every system knob is logged as a metric too so the UI can plot the
+    config against the epoch, and the epoch's phase as ``phase_code``
+    (:data:`PHASE_CODES`). A trial's run starts when the trial started
+    (:func:`trial_started`; it is created when its first epoch is sent) and ends when
+    :meth:`end_trial` is called; the study's run starts when the tracker is built and
+    ends at :meth:`finish`. Its metrics are named apart (:func:`study_metric_name`).
 
     Every write goes through an :class:`MlflowSink`: in this process's recorder
     process (:func:`pipetune.sidecar.shared_host`), off the study loop's GIL, so this
@@ -61,6 +113,9 @@ class StudyTracker:
         self.spec = spec
         self.tags = dict(tags or {})
         self.started = time.time()
+        #: The latest time (ms) written as a trial's metric or end, so the study's run
+        #: ends after every trial run however the workers' clocks go.
+        self._latest_ms = _ms_ceil(self.started)
         #: trial id -> child run id, as last heard from the sink.
         self._children: dict[int, str] = {}
         #: trial ids whose child run was sent for creation.
@@ -134,7 +189,8 @@ class StudyTracker:
         ]
         self.experiment_id, self.parent_run_id = self._sink.call(
             "open_study", experiment, run_name or spec.name,
-            {**self.tags, "pipetune.kind": "study", "pipetune.job": spec.name}, params, files)
+            {**self.tags, "pipetune.kind": "study", "pipetune.job": spec.name}, params, files,
+            _ms_floor(self.started))
 
     # -- the sink -----------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> None:
@@ -169,7 +225,7 @@ class StudyTracker:
             params = [(k, json.dumps(v) if not isinstance(v, str) else v)
                       for k, v in sorted(trial.params.items())]
             params.append(("seed", str(trial.seed)))
-            self._sink.send("create_child", trial.trial_id)
+            self._sink.send("create_child", trial.trial_id, _ms_floor(trial_started(trial)))
             self._requested.add(trial.trial_id)
             self._sink.send("log", ("trial", trial.trial_id), (), params, ())
         return ("trial", trial.trial_id)
@@ -178,8 +234,10 @@ class StudyTracker:
         """Send the metrics of one finished epoch, at ``step = epoch``."""
         run = self._child(trial)
         ts = int(result.finished * 1000)
+        self._latest_ms = max(self._latest_ms, ts)
         m = result.measurement
         values: dict[str, float] = {
+            "phase_code": PHASE_CODES[result.phase],
             "train_loss": result.train_loss,
             "epoch_seconds": m.wall_s,
             "samples_per_s": m.samples_per_s,
@@ -206,41 +264,58 @@ class StudyTracker:
 
     def end_trial(self, trial: Trial, *, metric: str) -> None:
         """Send the outcome, profile table and the config the trial settled on, then the
-        end of the trial's run."""
+        end of the trial's run: now, or its last epoch's end on its worker if later."""
         run = self._child(trial)
+        ended = time.time()
+        if trial.results:
+            ended = max(ended, trial.results[-1].finished)
+        end_ms = _ms_ceil(ended)
+        self._latest_ms = max(self._latest_ms, end_ms)
         tags = [("outcome", str(trial.state))]
         if trial.error:
             tags.append(("error", trial.error[:5000]))
+        now = _ms_floor(ended)
+        metrics = [("probe_epochs", float(trial.probe_epochs), 0, now)]
         if trial.match is not None:
             tags.append(("groundtruth", "hit" if trial.match.hit else "miss"))
             tags.append(("groundtruth.reason", trial.match.reason[:5000]))
+            # the figures the reason shows rounded, at full precision
+            for name in ("distance", "bound", "cost"):
+                figure = getattr(trial.match, name)
+                if figure is not None and math.isfinite(figure):
+                    metrics.append((f"groundtruth_{name}", float(figure), 0, now))
         if trial.final_system is not None:
             tags.append(("system.final", trial.final_system.label()))
-        now = int(time.time() * 1000)
-        metrics = [("probe_epochs", float(trial.probe_epochs), 0, now)]
         value = trial.last_value(metric)
         if value is not None:
             metrics.append((f"final_{metric}", float(value), trial.epochs_run, now))
-        self._sink.send("log", run, metrics, (), tags)
+        params = [("phases", phase_runs(trial)[:6000])] if trial.results else []
+        self._sink.send("log", run, metrics, params, tags)
         if trial.results:
             self._sink.send("log_profiles", run, profile_rows(trial))
         if trial.failure is not None:  # the whole traceback, beside the one-line tag
             self._sink.send("log_text", run, trial.failure.traceback, "traceback.txt")
         status = "FAILED" if trial.state == TrialState.FAILED else "FINISHED"
-        self._sink.send("terminate", run, status)
+        self._sink.send("terminate", run, status, end_ms)
 
     # -- the study ----------------------------------------------------------------------
     def finish(self, study: Study, *, wall_s: float,
                extra_metrics: dict[str, float] | None = None) -> None:
         """Summary metrics, trials table, timeline picture and best model on the parent run.
 
-        The sink writes everything sent before them first (raising what a write raised),
-        and is closed last."""
+        The metrics are the summary's (:meth:`StudySummary.to_metrics`),
+        ``tuning_wall_s`` and ``extra_metrics``, each named by :func:`study_metric_name`.
+        The run ends now (after every trial run). The sink writes everything sent before
+        them first (raising what a write raised), and is closed last."""
         from pipetune.reports import timeline_figure, trials_table
 
         summary = study.summary()
-        metrics = {**summary.to_metrics(), "tuning_wall_s": wall_s, **(extra_metrics or {})}
-        ts = int(time.time() * 1000)
+        metrics = {study_metric_name(k): v for k, v in
+                   {**summary.to_metrics(), "tuning_wall_s": wall_s,
+                    **(extra_metrics or {})}.items()}
+        ended = time.time()
+        ts = _ms_floor(ended)
+        end_ms = max(_ms_ceil(ended), self._latest_ms)
         tags = [("energy_source", summary.energy_source)]
         params = []
         if summary.best_params is not None:
@@ -264,7 +339,7 @@ class StudyTracker:
         png = io.BytesIO()
         timeline_figure(study).savefig(png, format="png")  # as MLflow's log_figure saves it
         self._sink.call("finish_study", (), (), (), [(table, "trials.csv")],
-                        [(png.getvalue(), "timeline.png")])
+                        [(png.getvalue(), "timeline.png")], None, None, True, end_ms)
         self.close()
 
     def fail(self, *, timeout: float | None = 120.0, status: str = "FAILED",
@@ -276,9 +351,10 @@ class StudyTracker:
         Writes everything sent first (waiting at most ``timeout`` seconds), so what was
         recorded before the failure is kept. Never raises: what cannot be written (a
         background write that failed, a store that is down) is logged."""
+        end_ms = max(_ms_ceil(time.time()), self._latest_ms)
         if not self._sink.closed:
             try:
-                self._sink.call("fail_study", status, reason, timeout=timeout)
+                self._sink.call("fail_study", status, reason, end_ms, timeout=timeout)
             except Exception:  # noqa: BLE001 - failing already; say what was lost, and
                 # end the runs from here (the recorder may be gone)
                 logger.warning("MLflow: some writes of study run %s were lost",
@@ -299,14 +375,14 @@ class StudyTracker:
             try:
                 run = self.client.get_run(run_id)
                 if run.info.status == "RUNNING":
-                    self.client.set_terminated(run_id, status="KILLED")
+                    self.client.set_terminated(run_id, status="KILLED", end_time=end_ms)
             except Exception:  # noqa: BLE001
                 logger.warning("MLflow: could not end the run of trial %s", trial_id,
                                exc_info=True)
         try:
             if reason:
                 self.client.set_tag(self.parent_run_id, "pipetune.failure", reason[:5000])
-            self.client.set_terminated(self.parent_run_id, status=status)
+            self.client.set_terminated(self.parent_run_id, status=status, end_time=end_ms)
         except Exception:  # noqa: BLE001
             logger.warning("MLflow: could not mark study run %s ended", self.parent_run_id,
                            exc_info=True)
