@@ -68,19 +68,9 @@ def ensure_experiment(tracking_uri: str, name: str = DEFAULT_EXPERIMENT) -> str:
     with _store_lock(tracking_uri):
         client = mlflow_client(tracking_uri)
         experiment = client.get_experiment_by_name(name)
-        if experiment is None:
-            return client.create_experiment(name, artifact_location=_artifact_root(tracking_uri),
-                                            tags=EXPERIMENT_TAGS)
-        if experiment.tags.get(EXPERIMENT_KIND) is None:  # a store from before the tag
-            client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND,
-                                      EXPERIMENT_TAGS[EXPERIMENT_KIND])
-        return experiment.experiment_id
-
-
-#: The experiment tag MLflow 3's UI reads to open an experiment on its runs table (the
-#: Model-training view) rather than its GenAI overview of traces.
-EXPERIMENT_KIND = "mlflow.experimentKind"
-EXPERIMENT_TAGS = {EXPERIMENT_KIND: "custom_model_development"}
+        if experiment is not None:
+            return experiment.experiment_id
+        return client.create_experiment(name, artifact_location=_artifact_root(tracking_uri))
 
 
 def ensure_experiment_in_recorder(tracking_uri: str, name: str = DEFAULT_EXPERIMENT) -> str:
