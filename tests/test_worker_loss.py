@@ -18,6 +18,10 @@ pytestmark = [
 ]
 
 MACHINE = MachineInfo(cores=2)
+#: What one epoch can claim on the 1-core workers these tests start, as the study flow
+#: reads it from the cluster: a trial left alone must not be given more (it was, and its
+#: epoch was refused, when its two siblings had died first).
+ONE_CORE_WORKERS = MachineInfo(cores=1)
 
 
 def three_trial_spec(name: str, workload: str, **workload_options) -> JobSpec:
@@ -41,7 +45,7 @@ def test_a_lost_worker_is_retried_and_a_killing_epoch_fails_only_its_trial(
     with process_cluster(n_workers=2, cores=1) as cluster, \
             Client(cluster, set_as_default=False) as client:
         study = Study(spec, study_id="loss", checkpoints=CheckpointStore(tmp_path / "ck"),
-                      core_budget=2, machine=MACHINE)
+                      core_budget=2, machine=ONE_CORE_WORKERS)
         backend = DaskBackend(client)
         study.run(backend)
         # Dask's nannies restart the killed workers: the cluster is whole afterwards.
@@ -74,7 +78,7 @@ def test_a_hung_epoch_times_out_its_trial_and_frees_its_worker(tmp_path):
     with process_cluster(n_workers=2, cores=1) as cluster, \
             Client(cluster, set_as_default=False) as client:
         study = Study(spec, study_id="hung", checkpoints=CheckpointStore(tmp_path / "ck"),
-                      core_budget=2, machine=MACHINE)
+                      core_budget=2, machine=ONE_CORE_WORKERS)
         backend = DaskBackend(client)
         started = time.monotonic()
         study.run(backend)

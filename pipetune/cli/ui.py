@@ -24,7 +24,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from pipetune.errors import PipetuneError
+from pipetune.errors import PipetuneError, Stopped
 
 #: Seconds the server may take to answer before ``pipetune ui`` gives up.
 READY_TIMEOUT_S = 90.0
@@ -32,12 +32,9 @@ READY_TIMEOUT_S = 90.0
 STOP_GRACE_S = 10.0
 
 
-class _Stop(KeyboardInterrupt):
-    """SIGTERM or SIGHUP to ``pipetune ui``: stop the server as Ctrl-C does."""
-
-
 def _raise_stop(signum, _frame) -> None:
-    raise _Stop(signum)
+    """SIGTERM or SIGHUP to ``pipetune ui``: stop the server as Ctrl-C does."""
+    raise Stopped(signum)
 
 
 def run_ui(args: argparse.Namespace) -> int:
