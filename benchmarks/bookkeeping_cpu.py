@@ -43,8 +43,8 @@ def main() -> int:
     server = LocalPrefectServer(log_path=work / "prefect.log").start()
     os.environ["PREFECT_API_URL"] = server.api_url
     try:
-        from flows.cluster import close_shared_cluster, shared_cluster
         from flows.study import study_flow
+        from pipetune.dask.cluster import close_shared_cluster, shared_cluster
         from pipetune.tracking import ensure_experiment
 
         shared_cluster()

@@ -88,8 +88,8 @@ def main() -> int:
     os.environ["PREFECT_API_URL"] = server.api_url
     print(f"Prefect server healthy after {server_s:.1f} s")
     try:
-        from flows.cluster import close_shared_cluster, shared_cluster
         from flows.study import study_flow
+        from pipetune.dask.cluster import close_shared_cluster, shared_cluster
         from pipetune.sidecar import shared_host
         from pipetune.tracking import ensure_experiment
 
@@ -98,7 +98,7 @@ def main() -> int:
         print(f"embedded cluster warm after {time.time() - t0:.1f} s (outside every clock)")
         t0 = time.time()
         shared_host(preload=("mlflow.tracking", "pandas", "prefect.client.orchestration",
-                             "tasks.records")).wait_ready()
+                             "tasks.task_runs")).wait_ready()
         print(f"recorder process ready after {time.time() - t0:.1f} s (outside every clock)")
         ensure_experiment(f"sqlite:///{work / 'mlflow.db'}")
         results = []

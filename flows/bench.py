@@ -41,9 +41,9 @@ from pipetune.bench import (
     write_report,
 )
 from pipetune.bench_optuna import OptunaRunFailed
+from pipetune.dask.address import default_address
 from pipetune.errors import BrokenWorkload, PipetuneError
 from pipetune.progress import add_listener, remove_listener
-from pipetune.remote import default_address
 from pipetune.spec import JobSpec
 from pipetune.system.config import MachineInfo
 from pipetune.tracking.links import ui_base_url

@@ -6,7 +6,7 @@ Each epoch is a plain Dask future (it claims the cores its system config reserve
 and goes to the worker holding its model) recorded as one ``train-epoch`` task run;
 the profile lookup and the tuning decision are recorded as task runs between a
 trial's epochs, so every trial shows in the Prefect UI as a chain epoch -> lookup ->
-tune -> epoch ... (:mod:`tasks.records` says why they are records, not task-engine
+tune -> epoch ... (:mod:`tasks.task_runs` says why they are written, not task-engine
 runs: the engine cost the loop ~75 ms per epoch).
 """
 
@@ -22,7 +22,12 @@ from prefect import flow, get_run_logger
 from prefect.exceptions import TerminationSignal
 from prefect.runtime import deployment, flow_run
 
-from flows.cluster import (
+from flows.params import CoreBudget, JobArgument, TrialsOverride
+from pipetune.backends import DaskBackend
+from pipetune.checkpoints import CheckpointStore, default_checkpoint_root, resolve_checkpoint_root
+from pipetune.confine import confine_parameters, confine_resumed, enforced
+from pipetune.dask.address import check_scheduler_address, default_address
+from pipetune.dask.cluster import (
     check_cluster_fits,
     client_for,
     cluster_core_budget,
@@ -30,22 +35,17 @@ from flows.cluster import (
     prepare_workload,
     process_knob_values,
 )
-from flows.params import CoreBudget, JobArgument, TrialsOverride
-from pipetune.backends import DaskBackend
-from pipetune.checkpoints import CheckpointStore, default_checkpoint_root, resolve_checkpoint_root
-from pipetune.confine import confine_parameters, confine_resumed, enforced
 from pipetune.errors import BrokenWorkload, PipetuneError
 from pipetune.groundtruth import GroundTruth
 from pipetune.journal import StudyJournal, find_study, studies_root
 from pipetune.progress import notify
-from pipetune.remote import check_scheduler_address, default_address
 from pipetune.reports import orchestration_overhead, overhead_summary
 from pipetune.spec import JobSpec, load_spec
 from pipetune.states import TrialState
 from pipetune.study import StepEvent, Study
 from pipetune.tracking import StudyTracker, default_tracking_uri
 from tasks import PrefectEpochBackend
-from tasks.records import TaskRunRecord, api_url
+from tasks.task_runs import TaskRunWriter, api_url
 
 
 def resolve_job(
@@ -186,8 +186,8 @@ def study_flow(
                 study_id, spec.workload.name, spec.search.trials, spec.search.max_concurrent,
                 "on" if spec.pipetune.enabled else "off", tracker.parent_run_id)
 
-    record = TaskRunRecord(str(flow_run.id or ""), api_url())
-    backend = PrefectEpochBackend(DaskBackend(client), record)
+    task_runs = TaskRunWriter(str(flow_run.id or ""), api_url())
+    backend = PrefectEpochBackend(DaskBackend(client), task_runs)
     if study.ground_truth is not None:  # fit its clusters while epoch 1 runs
         study.ground_truth.prepare_in_background()
 
@@ -209,8 +209,8 @@ def study_flow(
         notify(study)
         study.run(
             backend, on_step=on_step, on_result=tracker.log_epoch,
-            lookup=lambda trial_id: _lookup(study, record, trial_id),
-            decide=lambda trial_id, epoch: _decide(study, record, trial_id, epoch),
+            lookup=lambda trial_id: _lookup(study, task_runs, trial_id),
+            decide=lambda trial_id, epoch: _decide(study, task_runs, trial_id, epoch),
         )
         if study.broken is not None:  # trials kept failing the same way: the code is broken
             raise BrokenWorkload(f"{study.broken.line} (and traceback.txt on the MLflow run "
@@ -228,16 +228,16 @@ def study_flow(
         with contextlib.suppress(Exception):  # resumable with --resume either way
             journal.update(status="stopped" if stopped else "failed", reason=reason)
             journal.close()
-        record.cancel_open()
+        task_runs.cancel_open()
         tracker.fail(status="KILLED" if stopped else "FAILED", timeout=3 if stopped else 120,
                      reason=reason)
         with contextlib.suppress(Exception):
-            record.close(timeout=1 if stopped else 60)
+            task_runs.close(timeout=1 if stopped else 60)
         raise
     journal.update(status="finished")
     journal.close()
-    try:  # the study is done and in MLflow; a lost Prefect record is not worth failing it
-        record.close()
+    try:  # the study is done and in MLflow; a lost Prefect task run is not worth failing it
+        task_runs.close()
     except Exception as e:  # noqa: BLE001
         logger.warning("some Prefect task-run records were not written: %s", e)
     summary = study.summary()
@@ -282,13 +282,13 @@ def _deployment_id() -> str | None:
     return deployment.id
 
 
-def _lookup(study: Study, record: TaskRunRecord, trial_id: int):
-    with record.span("profile-lookup", f"trial-{trial_id}-profile-lookup", trial_id):
+def _lookup(study: Study, task_runs: TaskRunWriter, trial_id: int):
+    with task_runs.span("profile-lookup", f"trial-{trial_id}-profile-lookup", trial_id):
         return study.lookup(trial_id)
 
 
-def _decide(study: Study, record: TaskRunRecord, trial_id: int, epoch: int):
-    with record.span("tune-system", f"trial-{trial_id}-tune-after-epoch-{epoch}", trial_id):
+def _decide(study: Study, task_runs: TaskRunWriter, trial_id: int, epoch: int):
+    with task_runs.span("tune-system", f"trial-{trial_id}-tune-after-epoch-{epoch}", trial_id):
         decision = study.decide(trial_id)
     get_run_logger().info("trial %d after epoch %d: %s epoch under %s (%s)", trial_id, epoch,
                           decision.phase.value, decision.system.label(), decision.reason)

@@ -10,7 +10,7 @@ Inside :func:`pipetune.confine.enforced` (a deployment run in a long-lived worke
 job file's folder is appended instead, and the environment is left alone, so a job
 can never shadow a module that is already importable.
 
-The Dask side (:mod:`pipetune.backends._ship`) reads :func:`added_folders` and
+The Dask side (:mod:`pipetune.dask.ship`) reads :func:`added_folders` and
 :func:`module_origin` to give the workers the same folders, or to ship the module.
 
 >>> module_origin("json").installed

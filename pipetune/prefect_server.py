@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,15 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pipetune.errors import PipetuneError
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on at ``host`` right now."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
+from pipetune.net import free_port
 
 #: Settings naming the server's database; when the user sets one, it is used as is.
 _DATABASE_SETTINGS = (

@@ -209,8 +209,8 @@ class Study:
     def final_task(self, trial: Trial) -> EpochTask:
         """A task describing the trial's last epoch (to rebuild its model elsewhere)."""
         last = trial.results[-1]
-        decision = TuningDecision(system=last.system, phase=last.phase, record=None,
-                                  record_cost=None, reason="final")
+        decision = TuningDecision(system=last.system, phase=last.phase, remember=None,
+                                  remember_cost=None, reason="final")
         task = self._epoch_task(trial, decision)
         return EpochTask(**{**task.__dict__, "epoch": last.epoch, "checkpoint_in": last.checkpoint,
                             "checkpoint_out": last.checkpoint})
@@ -464,8 +464,9 @@ class Study:
         """Ask the system tuner for the trial's next epoch config."""
         trial = self.trials[trial_id]
         if trial.fixed_system is not None:
-            return TuningDecision(system=trial.fixed_system, phase=Phase.TRAIN, record=None,
-                                  record_cost=None, reason="system knobs set by the trial's params")
+            return TuningDecision(system=trial.fixed_system, phase=Phase.TRAIN,
+                                  remember=None, remember_cost=None,
+                                  reason="system knobs set by the trial's params")
         return self.tuner.next_epoch(
             trial.tuner_history(), epochs_left=self.max_epochs - trial.epochs_run,
             match=trial.match,
@@ -491,9 +492,9 @@ class Study:
         self._log("decision", trial_id, decision)
         trial = self.trials[trial_id]
         trial.decisions.append(decision)
-        if decision.record is not None and decision.record_cost is not None:
-            self._record(trial, decision.record, decision.record_cost,
-                         one_time=decision.record_one_time, speedup=decision.record_speedup)
+        if decision.remember is not None and decision.remember_cost is not None:
+            self._record(trial, decision.remember, decision.remember_cost,
+                         one_time=decision.remember_one_time, speedup=decision.remember_speedup)
         task = self._mark_ready(self._epoch_task(trial, decision))
         self._queue.append(task)
         return task

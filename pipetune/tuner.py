@@ -99,27 +99,37 @@ class EpochObservation:
 class TuningDecision:
     """What the next epoch runs under and why.
 
-    ``record`` is set on the first decision after a run of probes (once per trial,
-    unless a one-time knob is probed later, when the horizon allows it, and changes the
-    choice). The caller stores ``record`` with ``record_cost`` (its steady cost per
-    sample), ``record_one_time`` and ``record_speedup`` (against the default) in the
-    ground truth under the trial's epoch-1 profile. ``inputs`` are the figures the
-    decision weighed (epochs it projects over, costs, one-time seconds), for the record.
+    ``remember`` is the config to remember for jobs like this one: it is set on the
+    first decision after a run of probes (once per trial, unless a one-time knob is
+    probed later, when the horizon allows it, and changes the choice). The caller stores
+    ``remember`` with ``remember_cost`` (its steady cost per sample),
+    ``remember_one_time`` and ``remember_speedup`` (against the default) as a record in
+    the ground truth under the trial's epoch-1 profile. ``inputs`` are the figures the
+    decision weighed (epochs it projects over, costs, one-time seconds), to show why.
     """
 
     system: SystemConfig
     phase: Phase
-    record: SystemConfig | None
-    record_cost: float | None
+    remember: SystemConfig | None
+    remember_cost: float | None
     reason: str
     inputs: Mapping[str, Any] = field(default_factory=dict)
-    record_one_time: float | None = None
-    record_speedup: float | None = None
+    remember_one_time: float | None = None
+    remember_speedup: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "phase", Phase(self.phase))
-        if (self.record is None) != (self.record_cost is None):
-            raise ValueError("record and record_cost are set together or not at all")
+        if (self.remember is None) != (self.remember_cost is None):
+            raise ValueError("remember and remember_cost are set together or not at all")
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # A journal written before the fields were renamed holds the old names.
+        self.__dict__.update({_RENAMED_FIELDS.get(k, k): v for k, v in state.items()})
+
+
+#: ``TuningDecision`` fields under their names before issue 25 (old journals hold them).
+_RENAMED_FIELDS = {"record": "remember", "record_cost": "remember_cost",
+                   "record_one_time": "remember_one_time", "record_speedup": "remember_speedup"}
 
 
 class SystemTuner:
@@ -146,7 +156,7 @@ class SystemTuner:
     run *including* the one being decided; 0 means the trial is over. A trial with
     fewer epochs left than candidates probes what fits. When a trial ends (last epoch,
     or stopped early by the scheduler) the caller asks once more with ``epochs_left=0``:
-    that decision is not run, but its ``record`` says what to store if probing finished
+    that decision is not run, but its ``remember`` says what to store if probing finished
     without a training decision. :meth:`best_observed` answers the same question
     directly.
 
@@ -277,7 +287,7 @@ class SystemTuner:
             return decision  # a probe now could not pay: no epoch would follow it
         if wide_s is None:
             # Training, measured: not a probe of the plan, so never chosen by
-            # best_observed or recorded (the record, if any, stays the narrow config's).
+            # best_observed or remembered (``remember``, if any, stays the narrow config's).
             return dataclasses.replace(
                 decision, system=wide,
                 reason=f"{decision.reason}; alone with {cores - narrow.cores} idle core(s): "
@@ -373,7 +383,7 @@ class SystemTuner:
             return TuningDecision(config, Phase.TRAIN, None, None, reason, inputs=inputs)
         one_time, speedup = self.figures(history, config)
         return TuningDecision(config, Phase.TRAIN, config, cost, reason + "; record it",
-                              inputs=inputs, record_one_time=one_time, record_speedup=speedup)
+                              inputs=inputs, remember_one_time=one_time, remember_speedup=speedup)
 
     def _known_first(self, match: GroundTruthMatch | None) -> SystemConfig | None:
         """The config a known job's first epoch runs under: the known config without its
@@ -435,7 +445,7 @@ class SystemTuner:
                 return TuningDecision(
                     config, Phase.TRAIN, config, under[0].steady_cost,
                     f"{why}: {describe_change(self.default, config)}; record what it cost",
-                    record_one_time=one_time, record_speedup=speedup)
+                    remember_one_time=one_time, remember_speedup=speedup)
             return TuningDecision(config, Phase.TRAIN, None, None,
                                   f"{why}: {describe_change(self.default, config)}")
         without = self._without_one_time(config)

@@ -5,7 +5,7 @@ serialised into every submit, settings, clients and the engine rebuilt on the
 worker); one run by the task engine in the flow process's thread pool, mirroring the
 epoch's future, still cost the loop ~50 ms of GIL per epoch. Here the epoch is a plain
 function on the cluster (:class:`pipetune.backends.DaskBackend`) and its task run is
-recorded by the recorder process (:mod:`tasks.records`): the Prefect UI shows one
+written by the recorder process (:mod:`tasks.task_runs`): the Prefect UI shows one
 ``train-epoch`` task run per epoch, lasting as long as the epoch.
 """
 
@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 
 from pipetune.backends import EpochBackend, EpochOutcome
 from pipetune.runner import EpochResult, EpochTask
-from tasks.records import TaskRunRecord
+from tasks.task_runs import TaskRunWriter
 
 
 @task(
@@ -30,7 +30,7 @@ from tasks.records import TaskRunRecord
 def train_epoch(epoch_task: EpochTask) -> EpochResult:
     """Train, profile, evaluate and checkpoint one epoch under its system config, here.
 
-    A study runs its epochs on Dask and records each as a run of this task
+    A study runs its epochs on Dask and writes each as a run of this task
     (:class:`PrefectEpochBackend`); called as a task, it runs the epoch in place."""
     from pipetune.runner import run_epoch
 
@@ -49,30 +49,30 @@ def evaluate_checkpoint(epoch_task: EpochTask, checkpoint: str, backend: Any) ->
 
 
 class PrefectEpochBackend(EpochBackend):
-    """Epochs on ``cluster`` (a :class:`~pipetune.backends.DaskBackend`), each recorded
-    as one ``train-epoch`` task run of the flow run by ``record`` (a
-    :class:`~tasks.records.TaskRunRecord`): Running from the moment the epoch is sent,
+    """Epochs on ``cluster`` (a :class:`~pipetune.backends.DaskBackend`), each written
+    as one ``train-epoch`` task run of the flow run by ``task_runs`` (a
+    :class:`~tasks.task_runs.TaskRunWriter`): Running from the moment the epoch is sent,
     Completed or Failed when its Dask future is, Cancelled if the study stops first.
 
-    The engine hears of a finished epoch from the Dask future itself; the record is
+    The engine hears of a finished epoch from the Dask future itself; the task run is
     written by the recorder process, so Prefect costs the study loop nothing but a
     message per state."""
 
-    def __init__(self, cluster: Any, record: TaskRunRecord):
+    def __init__(self, cluster: Any, task_runs: TaskRunWriter):
         self.cluster = cluster
-        self.record = record
+        self.task_runs = task_runs
         self._runs: dict[tuple[int, int], str] = {}
 
     def submit(self, task: EpochTask) -> None:
         self.cluster.submit(task)
-        self._runs[(task.trial_id, task.epoch)] = self.record.started(
+        self._runs[(task.trial_id, task.epoch)] = self.task_runs.started(
             "train-epoch", epoch_run_name(task), task.trial_id)
 
     def wait(self) -> EpochOutcome:
         outcome = self.cluster.wait()
         run_id = self._runs.pop((outcome.task.trial_id, outcome.task.epoch), None)
         if run_id is not None:
-            self.record.finished(run_id, error=outcome.error)
+            self.task_runs.finished(run_id, error=outcome.error)
         return outcome
 
     def release(self, study_id: str, trial_id: int | None = None) -> None:
@@ -81,7 +81,7 @@ class PrefectEpochBackend(EpochBackend):
     def cancel(self) -> None:
         self.cluster.cancel()
         self._runs.clear()
-        self.record.cancel_open()
+        self.task_runs.cancel_open()
 
     def evaluate(self, task: EpochTask, checkpoint: str) -> dict[str, float]:
         return evaluate_checkpoint(task, checkpoint, self.cluster)

@@ -1,8 +1,8 @@
 """Profile lookup and system-tuning tasks: the decisions between a trial's epochs.
 
 They take the study engine and a trial id and call its policy methods. The study flow
-makes those calls itself and records each as a run of these tasks
-(:class:`tasks.records.TaskRunRecord`), so the Prefect UI shows every decision as a
+makes those calls itself and writes each as a run of these tasks
+(:class:`tasks.task_runs.TaskRunWriter`), so the Prefect UI shows every decision as a
 task run between a trial's epochs without the task engine on the loop's path.
 """
 

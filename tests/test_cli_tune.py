@@ -103,7 +103,7 @@ def test_tune_on_the_embedded_default_then_groundtruth_commands(tmp_path, job_fi
 
 
 def test_an_unreachable_dask_address_is_a_clean_error(tmp_path, job_file):
-    from pipetune.prefect_server import free_port
+    from pipetune.net import free_port
 
     address = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there
     proc = run(["tune", str(job_file), "--dask-address", address], tmp_path, timeout=120)

@@ -14,7 +14,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 START = textwrap.dedent("""
-    import flows.cluster as cluster
+    import pipetune.dask.cluster as cluster
     real = cluster.embedded_cluster_kwargs
     def flaky(workers=None):
         kwargs = real(workers)

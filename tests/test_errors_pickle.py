@@ -31,6 +31,7 @@ SAMPLES = {
     "StudyStuck": lambda c: c("nothing launchable"),
     "SidecarError": lambda c: c("recorder gone"),
     "EpochFailed": lambda c: c("worker died: ..."),
+    "ClusterStartError": lambda c: c("the embedded Dask cluster did not start"),
     "WriterError": lambda c: c("trial 3 has no MLflow run"),
     "OptunaRunFailed": lambda c: c(1, "Traceback ...\nRuntimeError: boom"),
 }

@@ -103,7 +103,7 @@ def test_a_process_knob_runs_on_a_worker_started_for_it(cluster, client, tmp_pat
     import dask
 
     from pipetune.backends import DaskBackend
-    from pipetune.backends._dask import EpochFailed
+    from pipetune.dask.backend import EpochFailed
 
     backend = DaskBackend(client)
     asked = SystemConfig(omp_wait_policy="active")

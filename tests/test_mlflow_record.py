@@ -22,7 +22,7 @@ from known import synthetic_job
 from pipetune.backends import LocalBackend
 from pipetune.checkpoints import CheckpointStore
 from pipetune.groundtruth import GroundTruth
-from pipetune.prefect_server import free_port
+from pipetune.net import free_port
 from pipetune.spec import JobSpec
 from pipetune.study import Study
 from pipetune.tracking.tracker import PHASE_CODES, StudyTracker, study_metric_name

@@ -64,10 +64,10 @@ def test_after_probing_the_steady_rate_decides_and_the_one_time_figures_are_reco
                obs(2, "probe", COMPILED, 0.005, one_time=6.0)]
     decision = tuner.next_epoch(history, epochs_left=1, match=None, sure_epochs=1)
     # The compile is paid already: from here on only the steady rate counts.
-    assert decision.system == COMPILED and decision.record == COMPILED
-    assert decision.record_cost == pytest.approx(0.005)
-    assert decision.record_one_time == pytest.approx(6.0)
-    assert decision.record_speedup == pytest.approx(2.0)
+    assert decision.system == COMPILED and decision.remember == COMPILED
+    assert decision.remember_cost == pytest.approx(0.005)
+    assert decision.remember_one_time == pytest.approx(6.0)
+    assert decision.remember_speedup == pytest.approx(2.0)
     slower = [history[0], obs(2, "probe", COMPILED, 0.012, one_time=6.0)]
     assert tuner.next_epoch(slower, epochs_left=1, match=None).system == DEFAULT
 
@@ -293,7 +293,7 @@ def test_a_one_time_knob_is_probed_on_top_of_the_best_config_so_far():
     assert decision.phase is Phase.PROBE and decision.system == cl.replace(compile=True)
     history.append(obs(3, "probe", cl.replace(compile=True), 0.007, one_time=30.0))
     done = tuner.next_epoch(history, epochs_left=5, match=None, sure_epochs=5)
-    assert done.phase is Phase.TRAIN and done.system == cl and done.record == cl
+    assert done.phase is Phase.TRAIN and done.system == cl and done.remember == cl
 
 
 # -- a job the ground truth knows: its first epoch under the known config ---------------------

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from pipetune.dask.address import check_scheduler_address, client_security
 from pipetune.errors import SpecError
-from pipetune.remote import check_scheduler_address, client_security
 
 REPO = Path(__file__).resolve().parents[1]
 

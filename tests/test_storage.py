@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 
 from pipetune.checkpoints import CheckpointStore, resolve_checkpoint_root  # noqa: E402
 from pipetune.errors import PipetuneError, StorageError  # noqa: E402
-from pipetune.prefect_server import free_port  # noqa: E402
+from pipetune.net import free_port  # noqa: E402
 from pipetune.storage import resolve_location, storage_for  # noqa: E402
 
 

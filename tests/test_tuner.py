@@ -11,6 +11,7 @@ from known import CONV_JOB, DENSE_JOB, noisy
 
 from pipetune.errors import SpecError, SystemConfigError
 from pipetune.groundtruth import GroundTruth
+from pipetune.journal import StudyJournal
 from pipetune.profiler.profile import Profile
 from pipetune.system.config import MachineInfo, SystemConfig
 from pipetune.tuner import (
@@ -57,8 +58,8 @@ def run_trial(
     for epoch in range(1, epochs + 1):
         decision = tuner.next_epoch(history, epochs_left=epochs - len(history), match=match)
         decisions.append(decision)
-        if decision.record is not None:
-            gt.record(profile, batch_size, "time", decision.record, decision.record_cost)
+        if decision.remember is not None:
+            gt.record(profile, batch_size, "time", decision.remember, decision.remember_cost)
         history.append(
             EpochObservation(epoch, decision.phase, decision.system, cost(decision.system))
         )
@@ -66,8 +67,8 @@ def run_trial(
             match = gt.lookup(profile, batch_size, "time")
     final = tuner.next_epoch(history, epochs_left=0, match=match)
     decisions.append(final)
-    if final.record is not None:
-        gt.record(profile, batch_size, "time", final.record, final.record_cost)
+    if final.remember is not None:
+        gt.record(profile, batch_size, "time", final.remember, final.remember_cost)
     return history, decisions, match
 
 
@@ -139,10 +140,10 @@ def test_miss_probes_each_candidate_then_trains_under_the_cheapest_and_records_i
     assert decisions[1].reason.startswith("probe 1/2: cores=2")
     assert decisions[2].reason == "probe 2/2: dataloader_workers=1"
     assert [o.system for o in history[3:]] == [SystemConfig(cores=2)] * 2
-    recorded = [d for d in decisions if d.record is not None]
+    recorded = [d for d in decisions if d.remember is not None]
     assert len(recorded) == 1 and recorded[0] is decisions[3]
-    assert recorded[0].record == SystemConfig(cores=2) and recorded[0].record_cost == 1.0
-    assert decisions[-1].phase is Phase.TRAIN and decisions[-1].record is None
+    assert recorded[0].remember == SystemConfig(cores=2) and recorded[0].remember_cost == 1.0
+    assert decisions[-1].phase is Phase.TRAIN and decisions[-1].remember is None
     assert len(gt) == 1
     assert tuner.best_observed(history) == (SystemConfig(cores=2), 1.0)
 
@@ -155,7 +156,7 @@ def test_similar_job_hits_the_ground_truth_and_probes_nothing(gt):
     assert match is not None and match.hit and match.config == SystemConfig(cores=2)
     assert [o.phase for o in history] == [Phase.PROFILE] + [Phase.TRAIN] * 3
     assert [o.system for o in history[1:]] == [SystemConfig(cores=2)] * 3
-    assert all(d.record is None for d in decisions)
+    assert all(d.remember is None for d in decisions)
     assert "ground-truth hit" in decisions[1].reason
     assert len(gt) == 1
 
@@ -183,7 +184,7 @@ def test_fewer_epochs_than_probes_probes_what_fits_and_records_at_the_end(gt):
     assert [o.system for o in history[1:]] == tuner.candidates()[:2]
     final = decisions[-1]
     assert final.phase is Phase.TRAIN
-    assert final.record == SystemConfig(cores=2) and final.record_cost == 1.0
+    assert final.remember == SystemConfig(cores=2) and final.remember_cost == 1.0
     assert tuner.best_observed(history) == (SystemConfig(cores=2), 1.0)
     assert len(gt) == 1
 
@@ -191,7 +192,7 @@ def test_fewer_epochs_than_probes_probes_what_fits_and_records_at_the_end(gt):
 def test_a_trial_stopped_after_profiling_records_nothing(gt):
     tuner = SystemTuner(DEFAULT, SPACE, machine=TWO_CORES)
     history, decisions, _ = run_trial(tuner, gt, profile_of(CNN, 1), epochs=1)
-    assert decisions[-1].record is None and decisions[-1].system == DEFAULT
+    assert decisions[-1].remember is None and decisions[-1].system == DEFAULT
     assert tuner.best_observed(history) is None
     assert len(gt) == 0
 
@@ -200,7 +201,7 @@ def test_disabled_tuner_trains_under_the_default_everywhere(gt):
     tuner = SystemTuner(DEFAULT, SPACE, machine=TWO_CORES, enabled=False)
     history, decisions, _ = run_trial(tuner, gt, profile_of(CNN, 1), epochs=4)
     assert {(o.phase, o.system) for o in history} == {(Phase.TRAIN, DEFAULT)}
-    assert all(d.record is None for d in decisions)
+    assert all(d.remember is None for d in decisions)
     assert len(gt) == 0
 
 
@@ -238,8 +239,8 @@ def test_default_keeps_its_place_unless_beaten_by_more_than_the_warmup_margin(pr
     ]
     decision = tuner.next_epoch(history, epochs_left=2, match=None)
     assert decision.phase is Phase.TRAIN
-    assert decision.system == kept == decision.record
-    assert decision.record_cost == (1.0 if kept == DEFAULT else probe_cost)
+    assert decision.system == kept == decision.remember
+    assert decision.remember_cost == (1.0 if kept == DEFAULT else probe_cost)
 
 
 def test_an_epoch_that_saw_no_samples_loses():
@@ -285,6 +286,24 @@ def test_tuner_and_its_values_cross_a_process_boundary():
     assert Phase("probe") is Phase.PROBE and str(Phase.TRAIN) == "train"
 
 
+def test_a_decision_journaled_under_the_old_field_names_still_reads(tmp_path):
+    # Before issue 25 the config to remember was ``record`` (``record_cost``, ...): a
+    # journal written then pickled those names, and --resume must still read them.
+    two = SystemConfig(cores=2)
+    old = object.__new__(TuningDecision)
+    old.__dict__.update(system=two, phase=Phase.TRAIN, record=two, record_cost=1.0,
+                        reason="train", inputs={}, record_one_time=0.5, record_speedup=3.0)
+    journal = StudyJournal(tmp_path, "old").create()
+    journal.append("decision", 0, old)
+    journal.close()
+    [event] = StudyJournal(tmp_path, "old").events()
+    decision = event.data
+    assert decision == TuningDecision(two, Phase.TRAIN, two, 1.0, "train",
+                                      remember_one_time=0.5, remember_speedup=3.0)
+    assert decision.remember == two and decision.remember_cost == 1.0
+    assert not hasattr(decision, "record")
+
+
 def test_a_config_invalid_in_combination_is_not_a_spec_error():
     # fp16 is a fine value of its knob; with a CPU default it is just not a candidate.
     tuner = SystemTuner(DEFAULT, {"precision": ["fp32", "fp16"]}, machine=TWO_CORES)
@@ -328,8 +347,8 @@ def test_end_to_end_with_a_workload_whose_epoch_time_is_known(gt):
         for epoch in range(1, epochs + 1):
             d = tuner.next_epoch(history, epochs_left=epochs - len(history), match=match)
             decisions.append(d)
-            if d.record is not None:
-                gt.record(profiles[seed], workload.batch_size, "time", d.record, d.record_cost)
+            if d.remember is not None:
+                gt.record(profiles[seed], workload.batch_size, "time", d.remember, d.remember_cost)
             with applied_system_config(d.system):
                 _, m = profiler.measure(
                     lambda hook, s=d.system: workload.train_epoch(s, on_step=hook),
@@ -348,7 +367,7 @@ def test_end_to_end_with_a_workload_whose_epoch_time_is_known(gt):
     history, decisions = trial(0, 4)
     assert [o.phase for o in history] == [Phase.PROFILE, Phase.PROBE, Phase.PROBE, Phase.TRAIN]
     assert [o.system for o in history[1:3]] == tuner.candidates()
-    assert history[3].system == best == decisions[3].record
+    assert history[3].system == best == decisions[3].remember
     assert [(e.config, e.support) for e in gt.entries()] == [(best, 1)]
 
     history, decisions = trial(1, 3)

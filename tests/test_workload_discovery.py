@@ -196,10 +196,15 @@ def test_a_deployment_run_appends_the_job_folder_only(tmp_path, own_path):
 
 
 def test_a_study_on_the_embedded_cluster_started_before_the_job_was_read(tmp_path, own_path):
-    from flows.cluster import client_for, close_shared_cluster, prepare_workload, shared_cluster
     from pipetune.backends import DaskBackend
-    from pipetune.backends._ship import check_workload
     from pipetune.checkpoints import CheckpointStore
+    from pipetune.dask.cluster import (
+        client_for,
+        close_shared_cluster,
+        prepare_workload,
+        shared_cluster,
+    )
+    from pipetune.dask.ship import check_workload
     from pipetune.spec import load_spec
     from pipetune.states import TrialState
     from pipetune.study import Study
@@ -238,7 +243,7 @@ def remote(tmp_path_factory):
     user code, with no PYTHONPATH."""
     from distributed import Client
 
-    from pipetune.prefect_server import free_port
+    from pipetune.net import free_port
 
     home = tmp_path_factory.mktemp("worker-home")
     address = f"tcp://127.0.0.1:{free_port()}"
@@ -290,8 +295,8 @@ def one_epoch(client, workload: str, tmp_path: Path, params: dict):
 
 
 def test_a_single_module_is_shipped_to_a_separate_worker(remote, tmp_path, own_path):
-    from flows.cluster import prepare_workload
-    from pipetune.backends._ship import check_workload
+    from pipetune.dask.cluster import prepare_workload
+    from pipetune.dask.ship import check_workload
     from pipetune.spec import load_spec
 
     address, client = remote
@@ -315,7 +320,7 @@ def test_a_single_module_is_shipped_to_a_separate_worker(remote, tmp_path, own_p
 
 
 def test_a_package_is_shipped_whole(remote, tmp_path, own_path):
-    from flows.cluster import prepare_workload
+    from pipetune.dask.cluster import prepare_workload
     from pipetune.spec import load_spec
 
     address, client = remote
@@ -342,8 +347,8 @@ def test_a_package_is_shipped_whole(remote, tmp_path, own_path):
 
 
 def test_a_module_that_needs_what_is_not_shipped_is_a_clear_error(remote, tmp_path, own_path):
-    from flows.cluster import prepare_workload
-    from pipetune.backends._ship import check_workload
+    from pipetune.dask.cluster import prepare_workload
+    from pipetune.dask.ship import check_workload
     from pipetune.errors import WorkloadError
     from pipetune.spec import load_spec
 

@@ -12,7 +12,7 @@ __all__ = ["DaskBackend", "EpochBackend", "EpochOutcome", "LocalBackend"]
 
 def __getattr__(name: str):
     if name == "DaskBackend":  # imports distributed: only when asked for
-        from pipetune.backends._dask import DaskBackend
+        from pipetune.dask.backend import DaskBackend
 
         return DaskBackend
     raise AttributeError(name)

@@ -24,7 +24,7 @@ from pipetune.errors import PipetuneError, SpecError, Stopped
 def _check_options(args: argparse.Namespace) -> None:
     if args.trials is not None and args.trials < 1:
         raise SpecError("--trials", f"must be an integer >= 1, got {args.trials}")
-    from pipetune.remote import check_scheduler_address, client_security, default_address
+    from pipetune.dask.address import check_scheduler_address, client_security, default_address
 
     args.dask_address = args.dask_address or default_address()
     if args.dask_address:
@@ -134,7 +134,7 @@ def _run_tune(args: argparse.Namespace) -> int:
                                        mark=startup_marks, name="flow imported"))
         startup.append(flow_import[0])
         if not args.dask_address:
-            from flows.cluster import shared_cluster
+            from pipetune.dask.cluster import shared_cluster
 
             cluster.append(_Background(shared_cluster, mark=startup_marks, name="cluster ready"))
             startup.append(cluster[0])
@@ -159,7 +159,7 @@ def _run_tune(args: argparse.Namespace) -> int:
         job["tracking_uri"] = args.tracking_uri or default_tracking_uri()
         job["core_budget"] = None
         if args.dask_address:
-            from flows.cluster import cluster_core_budget
+            from pipetune.dask.cluster import cluster_core_budget
 
             try:
                 job["core_budget"] = cluster_core_budget(args.dask_address)
@@ -183,7 +183,7 @@ def _run_tune(args: argparse.Namespace) -> int:
                 sys.modules["flows.study"].drain_prefect(timeout=1)
         if not cluster or closing:  # no cluster started here
             return
-        from flows.cluster import close_shared_cluster
+        from pipetune.dask.cluster import close_shared_cluster
 
         def close() -> None:
             for background in startup:  # what is still starting is closed once it is up

@@ -23,9 +23,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pipetune.dask.address import is_loopback
 from pipetune.errors import PipetuneError
-from pipetune.prefect_server import free_port
-from pipetune.remote import is_loopback
+from pipetune.net import free_port
 from pipetune.stack import _proc, probes
 from pipetune.stack.postgres import Postgres, connect_host
 from pipetune.stack.state import (
@@ -368,7 +368,7 @@ class Launcher:
                     "--nthreads", "1", "--resources", f"cores={self.cores}",
                     # warmed before it registers (torch imported, first step taken), so
                     # a study's first epoch on it is not measured with that cost
-                    "--preload", "flows.worker_setup",
+                    "--preload", "pipetune.dask.worker_setup",
                     "--name", name, "--host", self.host, "--local-directory",
                     str(home / "dask-scratch"), "--no-dashboard",
                     # its HTTP server (health, metrics) listens anyway: on the host only

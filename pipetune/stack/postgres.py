@@ -35,9 +35,9 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
+from pipetune.dask.address import is_loopback
 from pipetune.errors import PipetuneError
-from pipetune.prefect_server import free_port
-from pipetune.remote import is_loopback
+from pipetune.net import free_port
 from pipetune.stack import _proc
 
 #: Where Debian/Ubuntu put the server binaries (``postgres`` is not on ``PATH`` there).

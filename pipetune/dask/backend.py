@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from distributed import fire_and_forget
 
 from pipetune.backends._base import EpochBackend, EpochOutcome, describe
-from pipetune.backends._remote import (
+from pipetune.dask.worker_side import (
     remote_epoch,
     remote_evaluate,
     remote_refuse,

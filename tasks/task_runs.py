@@ -1,10 +1,10 @@
-"""The study's task runs, recorded in Prefect from the recorder process.
+"""The study's task runs, written to Prefect from the recorder process.
 
 Running a Prefect task run per epoch in the study process (the engine's contexts,
 state events, its thread) cost the study loop ~50 ms of every epoch's round trip
 here, and the profile lookup and tuning decision as task runs another ~25 ms between
 epochs: GIL time the loop waited for. So the engine does that work itself and
-:class:`TaskRunRecord` tells Prefect what ran: each ``train-epoch``, ``profile-lookup``
+:class:`TaskRunWriter` tells Prefect what ran: each ``train-epoch``, ``profile-lookup``
 and ``tune-system`` is still one task run of the flow run, named as before, Running
 while it runs and Completed (or Failed, Cancelled) with the real times, and linked to
 the trial's previous task run so the UI draws each trial as a chain. The API calls
@@ -77,17 +77,17 @@ def _when(at: float) -> datetime:
     return datetime.fromtimestamp(at, UTC)
 
 
-class TaskRunRecord:
+class TaskRunWriter:
     """In the study process: what ran, sent to a :class:`TaskRunSink` (no waiting)."""
 
     def __init__(self, flow_run_id: str, api_url: str, channel: Channel | None = None):
         # Without an API URL this process runs Prefect's in-process (ephemeral) server,
-        # which the recorder process cannot reach: then nothing is recorded.
+        # which the recorder process cannot reach: then nothing is written.
         self.enabled = channel is not None or bool(api_url and flow_run_id)
         self._channel = channel
         if self._channel is None and self.enabled:
             self._channel = shared_host().attach(
-                "tasks.records:TaskRunSink", "prefect", api_url=api_url,
+                "tasks.task_runs:TaskRunSink", "prefect", api_url=api_url,
                 flow_run_id=flow_run_id)
         self._open: dict[str, None] = {}
         self._lock = threading.Lock()
@@ -127,7 +127,7 @@ class TaskRunRecord:
             self._send("finish", run_id, time.time(), None, True)
 
     def close(self, timeout: float | None = 60.0) -> None:
-        """Wait until Prefect has every record sent so far; raise what a call raised."""
+        """Wait until Prefect has every task-run state sent so far; raise what a call raised."""
         if self._channel is not None:
             self._channel.close(timeout)
 

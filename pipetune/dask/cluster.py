@@ -64,14 +64,14 @@ def embedded_cluster_kwargs(workers: int | None = None) -> dict:
         # and the epoch it ran counts as a worker death (retried once, then failed).
         "memory_limit": "auto",
         "env": env,
-        "preload": ["flows.worker_setup"],
+        "preload": ["pipetune.dask.worker_setup"],
     }
 
 
 #: Imported once in the fork server the embedded workers are forked from, so each worker
 #: starts with torch, its optimiser stack (torch._dynamo: 1.5 s at the first optimiser
 #: step otherwise) and the epoch code loaded instead of importing them itself.
-FORKSERVER_PRELOAD = ["distributed", "torch", "torch._dynamo", "pipetune.backends._dask",
+FORKSERVER_PRELOAD = ["distributed", "torch", "torch._dynamo", "pipetune.dask.backend",
                       "pipetune.runner", "pipetune.profiler", "pipetune.workloads"]
 
 
@@ -203,7 +203,7 @@ def close_shared_cluster() -> None:
 def _client_for(address: str):
     from distributed import Client
 
-    from pipetune.remote import client_security
+    from pipetune.dask.address import client_security
 
     client = _clients.get(address)
     if client is None or client.status in ("closed", "closing"):
@@ -226,7 +226,7 @@ def cluster_core_budget(dask_address: str) -> int:
     (a worker advertising none counts its threads)."""
     from distributed import Client
 
-    from pipetune.remote import client_security
+    from pipetune.dask.address import client_security
 
     with Client(dask_address, timeout=10, set_as_default=False,
                 security=client_security()) as client:
@@ -267,8 +267,8 @@ def prepare_workload(client: Any, spec: Any, dask_address: str | None) -> str:
     worker (built-ins need nothing): the embedded cluster's workers get this process's
     folders on their path (a plugin, so workers that start later get them too); a
     cluster at ``dask_address`` is shipped the module. A worker that still cannot load
-    it fails the study now, with what to install where (:mod:`pipetune.backends._ship`)."""
-    from pipetune.backends._ship import prepare_workers
+    it fails the study now, with what to install where (:mod:`pipetune.dask.ship`)."""
+    from pipetune.dask.ship import prepare_workers
 
     return prepare_workers(client, spec.workload.name, ship=bool(dask_address),
                            where=dask_address or "the embedded cluster")
