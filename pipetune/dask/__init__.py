@@ -8,6 +8,7 @@
 - :mod:`~pipetune.dask.worker_setup`: the workers' preload (``--preload
   pipetune.dask.worker_setup``);
 - :mod:`~pipetune.dask.ship`: a job's own workload module put on the workers;
+- :mod:`~pipetune.dask.cores`: a worker's cores, read in one place;
 - :mod:`~pipetune.dask.address`: which scheduler addresses pipetune connects to, and
   with what TLS.
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from distributed import fire_and_forget
 
 from pipetune.backends._base import EpochBackend, EpochOutcome, describe
+from pipetune.dask.cores import worker_cores
 from pipetune.dask.worker_side import (
     remote_epoch,
     remote_evaluate,
@@ -91,6 +92,7 @@ class DaskBackend(EpochBackend):
         self._deaths: Counter[tuple[str, int, int]] = Counter()
         self._workers_cache: dict[str, dict[str, float]] = {}
         self._threads: dict[str, int] = {}
+        self._cores: dict[str, float] = {}
         self._memory_limit = 0
         self._cpus_in_use: dict[str, set[int]] = {}
         self._workers_at = -math.inf
@@ -110,6 +112,7 @@ class DaskBackend(EpochBackend):
             self._workers_cache = {addr: dict(w.get("resources") or {})
                                    for addr, w in sorted(info.items())}
             self._threads = {addr: int(w.get("nthreads") or 1) for addr, w in info.items()}
+            self._cores = {addr: worker_cores(w, claimable=True) for addr, w in info.items()}
             # Kept from the last list that had workers: the reason a dead worker gives.
             self._memory_limit = max((w.get("memory_limit") or 0 for w in info.values()),
                                      default=0) or self._memory_limit
@@ -136,7 +139,7 @@ class DaskBackend(EpochBackend):
             field = "system." + ",".join(sorted(k.split(":")[0] for k in needs))
             return field, (f"no worker of the cluster advertises {', '.join(needs)}: "
                            "start one with that environment")
-        most = max((r.get("cores", 0) for r in workers.values()), default=0)
+        most = max((self._cores.get(w, 0) for w in workers), default=0)
         if task.system.cores > most:
             return "system.cores", (f"{task.system.cores} cores asked, but the cluster's "
                                     f"largest worker advertises {most:g} (resource 'cores')")
@@ -152,7 +155,7 @@ class DaskBackend(EpochBackend):
                 used_threads[sent.worker] += 1
         free = [w for w, res in workers.items()
                 if all(res.get(k, 0) >= v for k, v in resources.items() if k != "cores")
-                and res.get("cores", 0) - used_cores[w] >= task.system.cores
+                and self._cores.get(w, 0) - used_cores[w] >= task.system.cores
                 and self._threads.get(w, 1) > used_threads[w]]
         home = self._home.get((task.study_id, task.trial_id))
         if home in free:
@@ -171,8 +174,8 @@ class DaskBackend(EpochBackend):
         if not task.system.pin_cores or worker is None:
             return ()
         host = _host(worker)
-        total = int(max((res.get("cores", 1) for w, res in workers.items()
-                         if _host(w) == host), default=1))
+        total = int(max((self._cores.get(w, 0) for w in workers if _host(w) == host),
+                        default=1))
         used = self._cpus_in_use.setdefault(host, set())
         chosen = tuple(c for c in range(total) if c not in used)[: task.system.cores]
         used.update(chosen)

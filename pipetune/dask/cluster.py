@@ -14,6 +14,7 @@ import os
 import threading
 from typing import Any
 
+from pipetune.dask.cores import worker_cores
 from pipetune.errors import PipetuneError
 from pipetune.system.config import MachineInfo, process_resource
 
@@ -233,7 +234,7 @@ def cluster_core_budget(dask_address: str) -> int:
         info = client.scheduler_info(n_workers=-1)
     total = 0
     for worker in info.get("workers", {}).values():
-        total += int(worker.get("resources", {}).get("cores", worker.get("nthreads", 1)))
+        total += int(worker_cores(worker))
     return max(total, 1)
 
 
@@ -250,8 +251,7 @@ def check_cluster_fits(client: Any, spec: Any, *, embedded: bool = False) -> tup
     import dataclasses
 
     workers = client.scheduler_info(n_workers=-1).get("workers", {})
-    largest = max((int(w.get("resources", {}).get("cores", w.get("nthreads", 1)))
-                   for w in workers.values()), default=0)
+    largest = max((int(worker_cores(w)) for w in workers.values()), default=0)
     if not largest:
         return None, spec, ()
     machine = dataclasses.replace(MachineInfo.detect(), cores=largest)
