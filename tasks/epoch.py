@@ -78,6 +78,10 @@ class PrefectEpochBackend(EpochBackend):
     def release(self, study_id: str, trial_id: int | None = None) -> None:
         self.cluster.release(study_id, trial_id)
 
+    def close(self, timeout: float | None = 60.0) -> None:
+        """The task-run records still on their way are written (at most ``timeout`` s)."""
+        self.task_runs.close(timeout=timeout)
+
     def cancel(self) -> None:
         self.cluster.cancel()
         self._runs.clear()

@@ -324,7 +324,7 @@ def test_the_workers_default_tracking_uri_and_policy_come_from_its_environment(
 
 
 def test_a_resumed_study_is_confined_like_a_new_one(policy, root, tmp_path):
-    from flows.study import confine_resumed
+    from pipetune.confine import confine_resumed
 
     header = {"job": synthetic_job("x"), "tracking_uri": f"sqlite:///{root / 'm.db'}",
               "checkpoint_root": "ckpt", "groundtruth_path": None}

@@ -51,6 +51,11 @@ class EpochBackend(ABC):
     def cancel(self) -> None:  # noqa: B027 - optional hook
         """Stop every epoch still running (the study is being abandoned)."""
 
+    def close(self, timeout: float | None = 60.0) -> None:  # noqa: B027 - optional hook
+        """The study has ended (or failed): write what the backend still holds (a record
+        of its epochs kept elsewhere), waiting at most ``timeout`` seconds; raise what
+        could not be written."""
+
     def evaluate(self, task: EpochTask, checkpoint: str) -> dict[str, float]:
         """Rebuild a trial from ``checkpoint`` and evaluate it (proves the checkpoint)."""
         from pipetune.runner import evaluate_checkpoint

@@ -1,0 +1,337 @@
+"""Opening a study: the one way in, for every caller.
+
+:func:`open_study` takes a checked job and the options a caller was given and does
+everything before the first epoch, refusing what cannot run before anything is
+recorded: the resume (the journal's job, stores and MLflow runs), the ground truth's
+check, the cluster's fit (space values no worker can run dropped, with a warning
+each), the workload made loadable on the workers, the journal, the MLflow record, the
+checkpoint store, the engine (replayed on a resume). It returns an
+:class:`OpenedStudy`, whose :meth:`~OpenedStudy.run` drives the engine to the end over
+a backend and returns the summary (the trials table included), recording a failure or a
+stop on the way out.
+
+The Prefect flow (:mod:`flows.study`) is wiring around it: it confines a deployment's
+parameters, names its flow run, links the MLflow run and records the engine's epochs
+and decisions as task runs. Nothing here imports Prefect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pipetune.errors import BrokenWorkload, PipetuneError
+from pipetune.states import TrialState
+
+if TYPE_CHECKING:
+    from pipetune.backends import EpochBackend
+    from pipetune.checkpoints import CheckpointStore
+    from pipetune.journal import StudyJournal
+    from pipetune.spec import JobSpec, SpaceDrop
+    from pipetune.study import StepEvent, Study
+    from pipetune.tracking import StudyTracker
+
+#: The attribute a log record carries (through ``extra``) for a line meant for a person
+#: at the terminal: the command line prints it as its own ``warning:`` line.
+NOTICE = {"pipetune_notice": "warning"}
+
+
+@dataclass(frozen=True)
+class StudyOptions:
+    """Where a study runs and is recorded; each ``None`` takes its default."""
+
+    #: MLflow store (default: ``$MLFLOW_TRACKING_URI``, else ``./mlflow.db``).
+    tracking_uri: str | None = None
+    #: Checkpoint folder, fsspec URL, ``mlflow-artifacts:`` URI, or ``mlflow`` (the study
+    #: run's own artifacts: through the tracking server's artifact proxy on a team stack,
+    #: reachable by every host); default ``$PIPETUNE_CHECKPOINTS``, else the home's.
+    checkpoint_root: str | None = None
+    groundtruth_path: str | None = None
+    #: Cores the engine may hand out at once (default: the cluster's).
+    core_budget: int | None = None
+    #: A Dask scheduler (default: ``$PIPETUNE_DASK_ADDRESS``, else this process's
+    #: embedded cluster).
+    dask_address: str | None = None
+    #: A study id, the flow run id of a stopped or crashed study, or ``latest`` (the
+    #: newest unfinished study of this job): it goes on from its journal, with its own
+    #: job, stores and MLflow runs; finished epochs are not run again.
+    resume: str | None = None
+    #: ``best-and-last`` deletes each ended trial's other checkpoints in the background;
+    #: ``all`` keeps every one.
+    keep_checkpoints: str = "best-and-last"
+    #: Tags every MLflow run of the study carries (who ran it: a flow run, a deployment).
+    tags: Mapping[str, str] = field(default_factory=dict)
+    #: The journal's id of the process that runs it (a Prefect flow run id), if any.
+    runner_id: str = ""
+
+
+def open_study(spec: JobSpec, options: StudyOptions, *, policy: Any = None,
+               log: logging.Logger | logging.LoggerAdapter | None = None) -> OpenedStudy:
+    """Everything before a study's first epoch (the module docstring lists it).
+
+    ``policy``: the confinement of a deployment's run (:mod:`pipetune.confine`): a
+    resumed study's stores and workload are checked against it too. ``log`` gets the
+    study's lines (a dropped space value, a resume, the start)."""
+    from pipetune.checkpoints import (
+        CheckpointStore,
+        default_checkpoint_root,
+        resolve_checkpoint_root,
+    )
+    from pipetune.confine import confine_resumed, enforced
+    from pipetune.dask.address import check_scheduler_address, default_address
+    from pipetune.dask.cluster import (
+        check_cluster_fits,
+        client_for,
+        cluster_core_budget,
+        ensure_worker_groups,
+        prepare_workload,
+        process_knob_values,
+    )
+    from pipetune.groundtruth import GroundTruth
+    from pipetune.journal import StudyJournal, find_study, studies_root
+    from pipetune.spec import JobSpec
+    from pipetune.study import Study
+    from pipetune.tracking import StudyTracker, default_tracking_uri
+
+    log = log or logging.getLogger("pipetune.study")
+    tracking_uri, checkpoint_root = options.tracking_uri, options.checkpoint_root
+    groundtruth_path = options.groundtruth_path
+    resumed: dict[str, Any] = {}
+    journal = None
+    if options.resume:
+        with enforced(policy):  # the journal's import-path workload is checked, then imported
+            journal = find_study(studies_root(), options.resume, spec.name)
+            resumed = confine_resumed(journal.header(), policy)
+            spec = JobSpec.from_dict(resumed["job"])  # the job as it started, seeds included
+        study_id = journal.study_id
+        tracking_uri = resumed["tracking_uri"]
+        checkpoint_root = resumed["checkpoint_root"]
+        groundtruth_path = resumed["groundtruth_path"]
+    else:
+        tracking_uri = tracking_uri or default_tracking_uri()
+        study_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        checkpoint_root = checkpoint_root or default_checkpoint_root()
+    # The constructor takes the similarity section's fields by name: one rule, no copy.
+    ground_truth = GroundTruth(groundtruth_path, **spec.pipetune.similarity.model_dump())
+    # Refusals before anything is recorded: a corrupt ground truth, a system space
+    # the cluster's workers cannot run.
+    if spec.pipetune.enabled:
+        ground_truth.check()
+    dask_address = options.dask_address or default_address()  # a team stack's worker sets it
+    if dask_address:
+        check_scheduler_address(dask_address, field="dask_address")
+    client = client_for(dask_address)
+    # What one epoch can claim (the largest worker's cores): the tuner never picks more;
+    # space values past it are left out, each knob's with one warning line.
+    machine, spec, dropped = check_cluster_fits(client, spec, embedded=dask_address is None)
+    for drop in dropped:
+        log.warning("%s", drop.line(), extra=NOTICE)
+    space_dropped = {d.knob: d.to_dict() for d in dropped}
+    prepare_workload(client, spec, dask_address)  # its own module, on every worker
+    if journal is None:
+        journal = StudyJournal(studies_root(), study_id).create(
+            job=spec.to_dict(), job_name=spec.name, tracking_uri=tracking_uri,
+            checkpoint_root=checkpoint_root, groundtruth_path=groundtruth_path,
+            space_dropped=space_dropped)
+    elif space_dropped:
+        journal.update(space_dropped={**journal.header().get("space_dropped", {}),
+                                      **space_dropped})
+    tags = {**options.tags, "pipetune.study_id": study_id}
+    if space_dropped:
+        tags["pipetune.space_dropped"] = json.dumps(space_dropped, sort_keys=True)
+    tracker = StudyTracker(tracking_uri, spec, tags=tags,
+                           resume_run_id=resumed.get("parent_run_id"))
+    # ``mlflow``: checkpoints are artifacts of the study's run (through the tracking
+    # server's artifact proxy on a team stack), so every host reaches them by URL.
+    checkpoints = CheckpointStore(
+        resolve_checkpoint_root(checkpoint_root, tracking_uri, lambda: tracker.artifact_uri),
+        keep=options.keep_checkpoints)
+    if dask_address is None:  # workers for OpenMP policies the job asks for, before the clock
+        ensure_worker_groups(process_knob_values(spec))
+    core_budget = options.core_budget
+    if core_budget is None and dask_address:
+        core_budget = cluster_core_budget(dask_address)
+    study = Study(
+        spec, study_id=study_id, checkpoints=checkpoints,
+        ground_truth=ground_truth if spec.pipetune.enabled else None,
+        core_budget=core_budget, journal=journal, machine=machine,
+    )
+    if options.resume:
+        study.replay(journal.events(), checkpoint_exists=CheckpointStore.exists)
+        log.info("study %s resumed: %d finished epochs taken over", study_id,
+                 study.resumed_epochs)
+    tracker.reopen_trials(
+        [t.trial_id for t in study.trials.values() if t.state == TrialState.RUNNING])
+    journal.update(status="running", reason=None, parent_run_id=tracker.parent_run_id,
+                   flow_run_id=options.runner_id)
+    log.info("study %s: %s, %d trials (%d at a time), pipetune %s; MLflow parent run %s",
+             study_id, spec.workload.name, spec.search.trials, spec.search.max_concurrent,
+             "on" if spec.pipetune.enabled else "off", tracker.parent_run_id)
+    return OpenedStudy(study=study, journal=journal, tracker=tracker, checkpoints=checkpoints,
+                       client=client, tracking_uri=tracking_uri, dropped=tuple(dropped),
+                       log=log)
+
+
+@dataclass
+class OpenedStudy:
+    """A study ready for its first epoch (what :func:`open_study` returns)."""
+
+    study: Study
+    journal: StudyJournal
+    tracker: StudyTracker
+    checkpoints: CheckpointStore
+    #: The Dask client of the cluster its epochs run on.
+    client: Any
+    tracking_uri: str
+    dropped: tuple[SpaceDrop, ...]
+    log: logging.Logger | logging.LoggerAdapter
+
+    @property
+    def study_id(self) -> str:
+        return self.study.study_id
+
+    def dask_backend(self) -> EpochBackend:
+        """The backend that runs this study's epochs on its cluster."""
+        from pipetune.dask.backend import DaskBackend
+
+        return DaskBackend(self.client)
+
+    def run(self, backend: EpochBackend, *,
+            lookup: Callable[[int], Any] | None = None,
+            decide: Callable[[int, int], Any] | None = None,
+            on_progress: Callable[[Study], None] | None = None) -> dict[str, Any]:
+        """Drive the study to its end over ``backend`` and return its summary.
+
+        Every finished epoch and ended trial is recorded as it happens (MLflow, the
+        pruned checkpoints, one line per failed trial); the end re-evaluates the best
+        trial from its checkpoint (proving it) and writes the summary. A failure or a
+        stop (Ctrl-C, a signal: any exception that is not an ``Exception``) ends the
+        MLflow record ``FAILED`` or ``KILLED`` with its reason and leaves the journal
+        resumable; it is raised again. ``backend.close`` is called either way.
+        ``on_progress`` sees the engine after every step (a live display)."""
+        from pipetune.progress import notify
+        from pipetune.reports import orchestration_overhead, overhead_summary
+
+        study, tracker, log = self.study, self.tracker, self.log
+        progress = on_progress or notify
+
+        def on_step(event: StepEvent) -> None:
+            if event.ended:
+                self._say_ended(event)
+                tracker.end_trial(event.trial, metric=study.metric)
+                self.checkpoints.prune_trial(event.trial.results, study.metric, study.mode)
+            progress(study)
+
+        if study.ground_truth is not None:  # fit its clusters while epoch 1 runs
+            study.ground_truth.prepare_in_background()
+        started = time.time()
+        try:
+            progress(study)
+            study.run(backend, on_step=on_step, on_result=tracker.log_epoch,
+                      lookup=lookup, decide=decide)
+            if study.broken is not None:  # trials kept failing the same way: broken code
+                raise BrokenWorkload(f"{study.broken.line} (and traceback.txt on the MLflow "
+                                     f"run of trial {study.broken.trial_id})")
+            extra = evaluate_best(study, backend)
+            extra["checkpoints_pruned"] = float(self.checkpoints.wait_pruned())
+            wall_s = time.time() - started
+            timings = orchestration_overhead(study)
+            extra.update(overhead_summary(timings))
+            tracker.finish(study, wall_s=wall_s, extra_metrics=extra)
+        except BaseException as stop:
+            stopped = not isinstance(stop, Exception)  # Ctrl-C, a signal, a kill
+            reason = str(stop) if isinstance(stop, PipetuneError) else \
+                f"{type(stop).__name__}: {stop}"
+            with contextlib.suppress(Exception):  # resumable with --resume either way
+                self.journal.update(status="stopped" if stopped else "failed", reason=reason)
+                self.journal.close()
+            with contextlib.suppress(Exception):
+                backend.cancel()
+            tracker.fail(status="KILLED" if stopped else "FAILED",
+                         timeout=3 if stopped else 120, reason=reason)
+            with contextlib.suppress(Exception):
+                backend.close(timeout=1 if stopped else 60)
+            raise
+        self.journal.update(status="finished")
+        self.journal.close()
+        try:  # the study is done and in MLflow; a lost side record is not worth failing it
+            backend.close()
+        except Exception as e:  # noqa: BLE001
+            log.warning("some task-run records were not written: %s", e)
+        summary = study.summary()
+        self._say_summary(summary, wall_s)
+        return self._summary_dict(summary, started, wall_s, extra, timings)
+
+    # -- what it says and returns ---------------------------------------------------------
+    def _say_ended(self, event: StepEvent) -> None:
+        trial = event.trial
+        if event.result is None:  # one line; the traceback is in the file and on MLflow
+            where = f" (traceback: {trial.traceback_file})" if trial.traceback_file else ""
+            self.log.warning("trial %s failed: %s%s", trial.trial_id, trial.error, where,
+                             extra=NOTICE)
+            return
+        value = trial.last_value(self.study.metric)
+        self.log.info("trial %d %s after %d epoch(s): %s %s under %s", trial.trial_id,
+                      trial.state, trial.epochs_run, self.study.metric,
+                      "-" if value is None else f"{value:.4g}",
+                      trial.final_system.label() if trial.final_system else "-")
+
+    def _say_summary(self, summary: Any, wall_s: float) -> None:
+        study = self.study
+        best = (f"best {study.metric} {summary.best_value:.4g} (trial {summary.best_trial}) "
+                f"params {summary.best_params} under {summary.best_system.label()}"
+                if summary.best_value is not None and summary.best_system
+                else "no trial finished")
+        self.log.info(
+            "study %s done in %.1f s: %s; %d trials (%d completed, %d stopped, %d failed), "
+            "%d epochs, %d probe epochs, ground-truth hits %d/%d", study.study_id, wall_s,
+            best, summary.trials, summary.completed, summary.stopped, summary.failed,
+            summary.epochs_run, summary.probe_epochs, summary.groundtruth_hits,
+            summary.groundtruth_lookups)
+
+    def _summary_dict(self, summary: Any, started: float, wall_s: float,
+                      extra: dict[str, float], timings: Any) -> dict[str, Any]:
+        """The JSON-able summary: ids, the study's numbers, timings, the trials table."""
+        study, tracker = self.study, self.tracker
+        return {
+            "study_id": study.study_id,
+            "parent_run_id": tracker.parent_run_id,
+            "tracking_uri": self.tracking_uri,
+            "experiment_id": tracker.experiment_id,
+            "tuning_wall_s": wall_s,
+            "resumed_epochs": study.resumed_epochs,
+            "started_at": started,
+            "first_epoch_at": min((t[1] for t in study.epoch_times.values()), default=started),
+            **summary.to_metrics(),
+            "best_params": summary.best_params,
+            "best_system": summary.best_system.label() if summary.best_system else None,
+            "energy_source": summary.energy_source,
+            **{k: v for k, v in extra.items() if k.startswith("orchestration_")},
+            "checkpoints_pruned": int(extra.get("checkpoints_pruned", 0)),
+            "epoch_timings": timings,
+            "trials_table": [
+                {"trial": t.trial_id, "outcome": t.state, "epochs": t.epochs_run,
+                 "probe_epochs": t.probe_epochs, study.metric: t.last_value(study.metric),
+                 "system": t.final_system.label() if t.final_system else "",
+                 "error": t.error or "", "traceback": t.traceback_file or ""}
+                for t in sorted(study.trials.values(), key=lambda t: t.trial_id)
+            ],
+        }
+
+
+def evaluate_best(study: Study, backend: EpochBackend) -> dict[str, float]:
+    """Re-evaluate the best trial from its last checkpoint, proving the checkpoint."""
+    best = study.best_trial()
+    if best is None or best.checkpoint is None:
+        return {}
+    metrics = backend.evaluate(study.final_task(best), best.checkpoint)
+    return {f"best_checkpoint_{k}": v for k, v in metrics.items()}
+
+
+__all__ = ["NOTICE", "OpenedStudy", "StudyOptions", "evaluate_best", "open_study"]
