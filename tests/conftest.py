@@ -32,6 +32,24 @@ SHARED_DATASETS = Path(
 )
 
 
+@pytest.fixture(autouse=True)
+def embedded_cluster_settings_stay_in_their_test():
+    """Starting the embedded cluster sets two process-wide things (flows.cluster):
+    OMP_WAIT_POLICY in the environment and Dask's worker start method (a fork server,
+    whose workers keep the environment it started with). A later test's own cluster
+    must start its workers as Dask's default does, with that test's environment."""
+    omp = os.environ.get("OMP_WAIT_POLICY")
+    yield
+    if omp is None:
+        os.environ.pop("OMP_WAIT_POLICY", None)
+    else:
+        os.environ["OMP_WAIT_POLICY"] = omp
+    if "dask" in sys.modules:
+        import dask
+
+        dask.config.set({"distributed.worker.multiprocessing-method": "spawn"})
+
+
 @pytest.fixture(scope="session")
 def shared_datasets() -> Path:
     if not SHARED_DATASETS.is_dir():

@@ -58,10 +58,12 @@ def test_a_lost_worker_is_retried_and_a_killing_epoch_fails_only_its_trial(
     assert "memory limit" in killer.error
     # Lost its worker once, in epoch 2: ran again elsewhere from epoch 1's checkpoint.
     once = by_hidden[16]
-    assert once.state == "completed" and [r.epoch for r in once.results] == [1, 2, 3]
+    assert once.state == "completed" and [r.epoch for r in once.results] == [1, 2, 3], \
+        (once.error, backend.resent, backend.placements)
     assert not once.results[1].reused_model  # rebuilt from the checkpoint, not memory
     assert once.results[1].worker != once.results[0].worker
-    assert by_hidden[32].state == "completed" and by_hidden[32].epochs_run == 3
+    assert by_hidden[32].state == "completed" and by_hidden[32].epochs_run == 3, \
+        by_hidden[32].error
     assert study.summary().failed == 1
     # The driver sent each of the two epochs once more; the killer's second death was final.
     assert sorted(backend.resent) == sorted([(killer.trial_id, 2), (once.trial_id, 2)])
