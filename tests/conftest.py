@@ -34,7 +34,7 @@ SHARED_DATASETS = Path(
 
 @pytest.fixture(autouse=True)
 def embedded_cluster_settings_stay_in_their_test():
-    """Starting the embedded cluster sets two process-wide things (flows.cluster):
+    """Starting the embedded cluster sets two process-wide things (pipetune.dask.cluster):
     OMP_WAIT_POLICY in the environment and Dask's worker start method (a fork server,
     whose workers keep the environment it started with). A later test's own cluster
     must start its workers as Dask's default does, with that test's environment."""
