@@ -230,12 +230,10 @@ class Confinement:
 
     def check_workload(self, name: str, field: str = "workload.name") -> None:
         """Refuse an import-path workload whose module is not allowed. Built-in names
-        pass; a malformed name is left for :func:`~pipetune.workloads.resolve_workload`
-        to report."""
-        from pipetune.workloads import BUILTIN_WORKLOADS
-
+        (``lenet5``: no ``module:``) pass; a malformed name is left for
+        :func:`~pipetune.workloads.resolve_workload` to report."""
         name = str(name).strip()
-        if name in BUILTIN_WORKLOADS or ":" not in name:
+        if ":" not in name:
             return
         module = name.partition(":")[0].strip()
         if self.allows_module(module):
@@ -389,7 +387,7 @@ def _check_stores(policy: Confinement, values: dict[str, Any], where: str = "") 
             except ConfinementError as e:  # a database URL's password is not repeated
                 message = re.sub(r"(://[^/:@\s]*):[^@/\s]*@", r"\1:***@", e.message)
                 raise ConfinementError(e.field, f"{where}{message}") from None
-    from pipetune.tracking import default_tracking_uri
+    from pipetune.home import default_tracking_uri
 
     uri = values.get("tracking_uri")
     if uri and uri != default_tracking_uri():  # the worker's own default is its choice

@@ -1,4 +1,5 @@
-"""The pipetune home folder: where state that outlives a study lives by default."""
+"""Where state that outlives a study lives by default: the pipetune home folder, and
+the MLflow store (:func:`default_tracking_uri`, re-exported by :mod:`pipetune.tracking`)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,11 @@ def pipetune_home() -> Path:
     home = Path(raw).expanduser() if raw else Path.home() / ".pipetune"
     home.mkdir(parents=True, exist_ok=True)
     return home
+
+
+def default_tracking_uri(cwd: str | Path | None = None) -> str:
+    """``MLFLOW_TRACKING_URI`` if set, else a SQLite file ``mlflow.db`` in the working folder."""
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    folder = Path(cwd or os.getcwd()).resolve()
+    return f"sqlite:///{folder / 'mlflow.db'}"

@@ -1,6 +1,7 @@
 """The layers hold: ``lint-imports`` checks the contracts in ``pyproject.toml`` (the
 library never imports Prefect, flows, tasks or deployments; only ``pipetune.cli``
-reaches up; tasks below flows below deployments)."""
+reaches up; tasks below flows below deployments; the library's own layers), and no
+import circle joins the library's modules."""
 
 from __future__ import annotations
 
@@ -17,3 +18,56 @@ def test_every_import_contract_is_kept():
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "0 broken" in done.stdout
+
+
+def import_circles(graph) -> list[list[str]]:
+    """The import circles (strongly connected components of two or more modules) of
+    ``graph``, a package's own modules. A package's ``__init__`` importing its own
+    submodules (re-exporting them) is not counted: Python runs that ``__init__`` before
+    any of its submodules anyway."""
+    edges = {
+        m: {t for t in graph.find_modules_directly_imported_by(m)
+            if t in graph.modules and not t.startswith(m + ".")}
+        for m in graph.modules
+    }
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+    for root in sorted(edges):  # Tarjan's algorithm, iterative
+        if root in order:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        order[root] = low[root] = len(order)
+        stack.append(root)
+        while work:
+            module, targets = work[-1]
+            target = next(targets, None)
+            if target is not None:
+                if target not in order:
+                    order[target] = low[target] = len(order)
+                    stack.append(target)
+                    work.append((target, iter(sorted(edges[target]))))
+                elif target in stack:
+                    low[module] = min(low[module], order[target])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[module])
+            if low[module] == order[module]:
+                circle = []
+                while True:
+                    member = stack.pop()
+                    circle.append(member)
+                    if member == module:
+                        break
+                if len(circle) > 1:
+                    circles.append(sorted(circle))
+    return circles
+
+
+def test_no_import_circle_joins_library_modules():
+    import grimp
+
+    graph = grimp.build_graph("pipetune", exclude_type_checking_imports=True, cache_dir=None)
+    assert import_circles(graph) == []

@@ -14,7 +14,6 @@ No location: ``$PIPETUNE_GROUNDTRUTH`` (a URL or path) when set, else
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,39 +29,10 @@ if TYPE_CHECKING:
 #: Environment variable naming the default ground truth (a URL or a path).
 GROUNDTRUTH_ENV = "PIPETUNE_GROUNDTRUTH"
 
-_SCHEMES = {"postgresql": "postgresql+psycopg", "postgres": "postgresql+psycopg",
-            "postgresql+psycopg": "postgresql+psycopg", "sqlite": "sqlite",
-            "sqlite+pysqlite": "sqlite"}
-
 
 def is_url(location: Any) -> bool:
     """Whether ``location`` is a database URL rather than a file path."""
     return not isinstance(location, Path) and "://" in str(location)
-
-
-def mask(text: str) -> str:
-    """``text`` with the password of any ``scheme://user:password@`` in it as ``***``."""
-    return re.sub(r"(://[^:/@\s]*):[^@\s]*@", r"\1:***@", text)
-
-
-def sql_url(location: str | URL) -> URL:
-    """The SQLAlchemy URL of a ground-truth location: ``postgresql://`` and
-    ``postgresql+psycopg://`` (both driven by psycopg 3) or ``sqlite:///FILE``."""
-    from sqlalchemy import exc
-    from sqlalchemy.engine import URL, make_url
-
-    try:
-        url = location if isinstance(location, URL) else make_url(location)
-    except (exc.ArgumentError, ValueError):
-        raise GroundTruthError(f"not a database URL: {mask(str(location))!r}") from None
-    driver = _SCHEMES.get(url.drivername)
-    if driver is None:
-        raise GroundTruthError(
-            f"{url.render_as_string(hide_password=True)}: a ground-truth URL starts with "
-            "postgresql://, postgresql+psycopg:// or sqlite:///")
-    if driver == "sqlite" and url.database in (None, "", ":memory:"):
-        raise GroundTruthError("a SQLite ground truth needs a file: sqlite:///PATH")
-    return url.set(drivername=driver)
 
 
 def open_store(location: str | Path | None) -> JsonStore | SqlStore:

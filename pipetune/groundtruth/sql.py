@@ -34,10 +34,9 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import exc
-from sqlalchemy.engine import URL, Connection, Engine
+from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from pipetune.errors import GroundTruthError
-from pipetune.groundtruth.location import mask, sql_url
 from pipetune.groundtruth.sqlschema import (
     ENGINES,
     ENGINES_LOCK,
@@ -65,6 +64,33 @@ from pipetune.home import pipetune_home
 log = logging.getLogger(__name__)
 
 _SCHEMA_LOCK = 0x70697065  # PostgreSQL advisory lock key for creating the schema ("pipe")
+
+#: URL schemes a ground truth accepts -> the SQLAlchemy driver that serves each.
+_SCHEMES = {"postgresql": "postgresql+psycopg", "postgres": "postgresql+psycopg",
+            "postgresql+psycopg": "postgresql+psycopg", "sqlite": "sqlite",
+            "sqlite+pysqlite": "sqlite"}
+
+
+def mask(text: str) -> str:
+    """``text`` with the password of any ``scheme://user:password@`` in it as ``***``."""
+    return re.sub(r"(://[^:/@\s]*):[^@\s]*@", r"\1:***@", text)
+
+
+def sql_url(location: str | URL) -> URL:
+    """The SQLAlchemy URL of a ground-truth location: ``postgresql://`` and
+    ``postgresql+psycopg://`` (both driven by psycopg 3) or ``sqlite:///FILE``."""
+    try:
+        url = location if isinstance(location, URL) else make_url(location)
+    except (exc.ArgumentError, ValueError):
+        raise GroundTruthError(f"not a database URL: {mask(str(location))!r}") from None
+    driver = _SCHEMES.get(url.drivername)
+    if driver is None:
+        raise GroundTruthError(
+            f"{url.render_as_string(hide_password=True)}: a ground-truth URL starts with "
+            "postgresql://, postgresql+psycopg:// or sqlite:///")
+    if driver == "sqlite" and url.database in (None, "", ":memory:"):
+        raise GroundTruthError("a SQLite ground truth needs a file: sqlite:///PATH")
+    return url.set(drivername=driver)
 
 
 @dataclass(frozen=True)

@@ -30,24 +30,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pipetune.home import default_tracking_uri
+
 logger = logging.getLogger(__name__)
 
 #: Experiment every study is filed under unless the caller names another.
 DEFAULT_EXPERIMENT = "pipetune"
-
-
-def default_tracking_uri(cwd: str | Path | None = None) -> str:
-    """``MLFLOW_TRACKING_URI`` if set, else a SQLite file ``mlflow.db`` in the working folder."""
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
-    folder = Path(cwd or os.getcwd()).resolve()
-    return f"sqlite:///{folder / 'mlflow.db'}"
 
 
 def _artifact_root(tracking_uri: str) -> str | None:
