@@ -141,82 +141,24 @@ def run_bench(
     machine = machine or MachineInfo.detect()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    checkpoints = out / "checkpoints"
     # On a cluster of other hosts the workers cannot reach this folder: the studies then
     # use the default store ($PIPETUNE_CHECKPOINTS: on a team stack, the MLflow proxy).
     remote = bool(dask_address or default_address())
-    checkpoint_root = None if remote else str(checkpoints)
-    groundtruth = out / "groundtruth.json"
+    checkpoint_root = None if remote else str(out / "checkpoints")
     tracker = BenchTracker(tracking_uri, job, command=command)
     started = time.time()
     results: list[StrategyResult] = []
-    bench = BenchResult(
-        job=job.spec.name, metric=str(job.spec.objective.metric), mode=job.spec.objective.mode,
-        data=job.data, quick=job.quick, machine=machine_description(machine), command=command,
-        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), strategies=results,
-        bench_run_id=tracker.run_id, optuna_target=job.optuna_target,
-    )
+    bench = _new_bench_result(job, machine, command, tracker, results)
+    run = _BenchRun(job=job, machine=machine, out=out, tracking_uri=tracking_uri,
+                    dask_address=dask_address, checkpoint_root=checkpoint_root, tracker=tracker)
     try:
         for name in strategies:
-            spec: JobSpec | None = None
-            seen: list[Any] = []
-            call_started = time.time()
-            try:
-                spec = strategy_spec(name, job.spec, machine)
-                if spec.pipetune.enabled:  # cold compiles into a fresh cache, warm reuses it
-                    spec = spec.model_copy(update={"pipetune": spec.pipetune.model_copy(
-                        update={"compile_cache": f"bench-{tracker.run_id[:12]}"})})
-                if GROUNDTRUTH_USE[name] == "fresh" and groundtruth.exists():
-                    groundtruth.unlink()
-                _say(f"{name}: {spec.search.trials} trials, default "
-                     f"[{spec.system.default.label()}], max_concurrent "
-                     f"{spec.search.max_concurrent}, pipetune "
-                     f"{'on' if spec.pipetune.enabled else 'off'}")
-                if name in OPTUNA:
-                    result = run_optuna_plain(spec, out, cores=machine.cores, name=name)
-                else:
-                    summary, study = run_study(
-                        spec, name=name, tracking_uri=tracking_uri,
-                        checkpoint_root=checkpoint_root, groundtruth_path=str(groundtruth),
-                        dask_address=dask_address, seen=seen,
-                    )
-                    result = dataclasses.replace(
-                        result_from_study(name, study, summary["tuning_wall_s"],
-                                          summary["parent_run_id"]),
-                        process_wall_s=time.time() - call_started)
-            except (PipetuneError, OptunaRunFailed) as e:
-                run_id = tracker.study_run_of(seen[-1].study_id) if seen else None
-                result = StrategyResult.failure(name, _failure_reason(e), study_run_id=run_id)
-            finally:
-                shutil.rmtree(checkpoints, ignore_errors=True)
-            results.append(result)
-            tracker.log_strategy(result, spec)
-            if result.failed is not None:
-                _say(f"{name}: FAILED after {time.time() - call_started:.1f} s, going on: "
-                     f"{result.failed}")
-            else:
-                _say(f"{name}: {result.tuning_wall_s:.1f} s, best {result.best_value}, "
-                     f"{result.epochs_run} epochs ({result.probe_epochs} probes), "
-                     f"system [{result.chosen_system}]")
+            run.strategy(name, results)
         params = best_params_overall(results, job.spec.objective.mode)
         if oracle and params is None:
             _say("oracle: skipped, no strategy found best params")
         if oracle and params is not None:
-            spec = oracle_spec(job.spec, params, machine)
-            _say(f"oracle: {params} under {spec.search.trials} system configs")
-            o_started = time.time()
-            summary, study = run_study(
-                spec, name=ORACLE, tracking_uri=tracking_uri,
-                checkpoint_root=checkpoint_root, groundtruth_path=str(groundtruth),
-                dask_address=dask_address,
-            )
-            bench.oracle = oracle_rows(study)
-            bench.oracle_params = params
-            bench.oracle_wall_s = time.time() - o_started
-            tracker.client.set_tag(summary["parent_run_id"], "pipetune.bench_run_id",
-                                   tracker.run_id)
-            tracker.client.set_tag(summary["parent_run_id"], "pipetune.bench_strategy", ORACLE)
-            shutil.rmtree(checkpoints, ignore_errors=True)
+            run.oracle(bench, params)
         bench.bench_wall_s = time.time() - started
         paths = write_report(bench, out, ui_base=ui_base_url(tracking_uri))
         tracker.finish(bench, paths)
@@ -224,3 +166,104 @@ def run_bench(
         tracker.fail()
         raise
     return bench, paths
+
+
+def _new_bench_result(job: BenchJob, machine: MachineInfo, command: str,
+                      tracker: BenchTracker, results: list[StrategyResult]) -> BenchResult:
+    """The bench's result before anything ran: ``results`` fills in as strategies end."""
+    return BenchResult(
+        job=job.spec.name, metric=str(job.spec.objective.metric), mode=job.spec.objective.mode,
+        data=job.data, quick=job.quick, machine=machine_description(machine), command=command,
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), strategies=results,
+        bench_run_id=tracker.run_id, optuna_target=job.optuna_target,
+    )
+
+
+@dataclasses.dataclass
+class _BenchRun:
+    """What every strategy and the oracle of one bench share: the job, the machine,
+    where they write (checkpoints, ground truth) and what records them."""
+
+    job: BenchJob
+    machine: MachineInfo
+    out: Path
+    tracking_uri: str
+    dask_address: str | None
+    checkpoint_root: str | None
+    tracker: BenchTracker
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.out / "checkpoints"
+
+    @property
+    def groundtruth(self) -> Path:
+        return self.out / "groundtruth.json"
+
+    def strategy(self, name: str, results: list[StrategyResult]) -> None:
+        """Run strategy ``name``; add its result (failed, with its reason, when it
+        refused or broke) to ``results`` and log it."""
+        spec: JobSpec | None = None
+        seen: list[Any] = []
+        call_started = time.time()
+        try:
+            spec = self._strategy_spec(name)
+            result = self._run_strategy(name, spec, seen, call_started)
+        except (PipetuneError, OptunaRunFailed) as e:
+            run_id = self.tracker.study_run_of(seen[-1].study_id) if seen else None
+            result = StrategyResult.failure(name, _failure_reason(e), study_run_id=run_id)
+        finally:
+            shutil.rmtree(self.checkpoints, ignore_errors=True)
+        results.append(result)
+        self.tracker.log_strategy(result, spec)
+        if result.failed is not None:
+            _say(f"{name}: FAILED after {time.time() - call_started:.1f} s, going on: "
+                 f"{result.failed}")
+        else:
+            _say(f"{name}: {result.tuning_wall_s:.1f} s, best {result.best_value}, "
+                 f"{result.epochs_run} epochs ({result.probe_epochs} probes), "
+                 f"system [{result.chosen_system}]")
+
+    def _strategy_spec(self, name: str) -> JobSpec:
+        spec = strategy_spec(name, self.job.spec, self.machine)
+        if spec.pipetune.enabled:  # cold compiles into a fresh cache, warm reuses it
+            spec = spec.model_copy(update={"pipetune": spec.pipetune.model_copy(
+                update={"compile_cache": f"bench-{self.tracker.run_id[:12]}"})})
+        return spec
+
+    def _run_strategy(self, name: str, spec: JobSpec, seen: list[Any],
+                      call_started: float) -> StrategyResult:
+        if GROUNDTRUTH_USE[name] == "fresh" and self.groundtruth.exists():
+            self.groundtruth.unlink()
+        _say(f"{name}: {spec.search.trials} trials, default "
+             f"[{spec.system.default.label()}], max_concurrent "
+             f"{spec.search.max_concurrent}, pipetune "
+             f"{'on' if spec.pipetune.enabled else 'off'}")
+        if name in OPTUNA:
+            return run_optuna_plain(spec, self.out, cores=self.machine.cores, name=name)
+        summary, study = run_study(
+            spec, name=name, tracking_uri=self.tracking_uri,
+            checkpoint_root=self.checkpoint_root, groundtruth_path=str(self.groundtruth),
+            dask_address=self.dask_address, seen=seen,
+        )
+        return dataclasses.replace(
+            result_from_study(name, study, summary["tuning_wall_s"], summary["parent_run_id"]),
+            process_wall_s=time.time() - call_started)
+
+    def oracle(self, bench: BenchResult, params: dict[str, Any]) -> None:
+        """The best params found under each system config; into ``bench.oracle``."""
+        spec = oracle_spec(self.job.spec, params, self.machine)
+        _say(f"oracle: {params} under {spec.search.trials} system configs")
+        o_started = time.time()
+        summary, study = run_study(
+            spec, name=ORACLE, tracking_uri=self.tracking_uri,
+            checkpoint_root=self.checkpoint_root, groundtruth_path=str(self.groundtruth),
+            dask_address=self.dask_address,
+        )
+        bench.oracle = oracle_rows(study)
+        bench.oracle_params = params
+        bench.oracle_wall_s = time.time() - o_started
+        client = self.tracker.client
+        client.set_tag(summary["parent_run_id"], "pipetune.bench_run_id", self.tracker.run_id)
+        client.set_tag(summary["parent_run_id"], "pipetune.bench_strategy", ORACLE)
+        shutil.rmtree(self.checkpoints, ignore_errors=True)

@@ -224,8 +224,6 @@ def stream_flow(
     not depend on this process's working directory). Returns ``{"jobs": [JobTiming
     as dict, ...], "summary": summarize(...)}``.
     """
-    from prefect.client.orchestration import get_client
-    from prefect.deployments import run_deployment
     from prefect.runtime import deployment as this_deployment
     from prefect.runtime import flow_run as this_run
 
@@ -242,8 +240,31 @@ def stream_flow(
     tracking_uri = tracking_uri or default_tracking_uri()
     ensure_experiment(tracking_uri)  # once, before the flow runs fan out
     arrivals = poisson_arrivals(rate_per_min, jobs, seed, job_files)
-    mode = "pipetune" if pipetune else "no-pipetune"
+    submitted = _submit_arrivals(
+        arrivals, specs, deployment=deployment, pipetune=pipetune, trials=trials,
+        tracking_uri=tracking_uri, groundtruth_path=groundtruth_path, seed=seed, logger=logger)
+    finished = _wait_until_final(submitted, poll_s=poll_s, timeout_s=timeout_s)
+    timings = _job_timings(submitted, finished, tracking_uri=tracking_uri, pipetune=pipetune)
+    return {"jobs": [asdict(t) for t in timings], "summary": summarize(timings)}
 
+
+def _submit_arrivals(
+    arrivals: Sequence[Arrival],
+    specs: Mapping[str, dict[str, Any]],
+    *,
+    deployment: str,
+    pipetune: bool,
+    trials: int | None,
+    tracking_uri: str,
+    groundtruth_path: str | None,
+    seed: int,
+    logger: Any,
+) -> list[tuple[Arrival, Any]]:
+    """Each arrival, at its time, as a flow run of ``deployment``; the flow runs
+    created, in order."""
+    from prefect.deployments import run_deployment
+
+    mode = "pipetune" if pipetune else "no-pipetune"
     submitted: list[tuple[Arrival, Any]] = []
     start = time.monotonic()
     for arrival in arrivals:
@@ -267,6 +288,15 @@ def stream_flow(
         logger.info("t=%.1fs job %d (%s) -> flow run %s", arrival.at_s, arrival.index,
                     arrival.job, flow_run.name)
         submitted.append((arrival, flow_run))
+    return submitted
+
+
+def _wait_until_final(
+    submitted: Sequence[tuple[Arrival, Any]], *, poll_s: float, timeout_s: float | None
+) -> dict[str, Any]:
+    """Poll the server every ``poll_s`` until every submitted flow run is final; the
+    final flow runs by id. :class:`TimeoutError` after ``timeout_s``."""
+    from prefect.client.orchestration import get_client
 
     finished: dict[str, Any] = {}
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -286,7 +316,15 @@ def stream_flow(
                     f"still running after {timeout_s:.0f} s"
                 )
             time.sleep(poll_s)
+    return finished
 
+
+def _job_timings(
+    submitted: Sequence[tuple[Arrival, Any]], finished: Mapping[str, Any], *,
+    tracking_uri: str, pipetune: bool,
+) -> list[JobTiming]:
+    """Each submitted job's timing, with its study's probe epochs and ground-truth hits
+    from its MLflow parent run when found."""
     records = _study_records(tracking_uri, list(finished))
     timings = []
     for arrival, run in submitted:
@@ -301,4 +339,4 @@ def stream_flow(
                 "parent_run_id": record.info.run_id,
             })
         timings.append(timing)
-    return {"jobs": [asdict(t) for t in timings], "summary": summarize(timings)}
+    return timings

@@ -124,25 +124,55 @@ def _run_tune(args: argparse.Namespace) -> int:
     # until the server is up. (Starting the fork server or the flow's imports before the
     # check was measured slower: on 2 cores they take the CPU the check and the server
     # need.)
-    startup: list[_Background] = []
-    flow_import: list[_Background] = []
-    cluster: list[_Background] = []
-    job: dict = {}
+    startup = _BackgroundStartup(args, startup_marks)
+    try:
+        with prefect_api(pipetune_home() / "prefect-server.log",
+                         before_wait=startup.check_then_start,
+                         on_exit=startup.close_cluster) as server:
+            startup_marks.mark("Prefect server ready")
+            startup.wait_ready()
+            startup_marks.mark("all ready")
+            summary = _run_study_flow(args, startup, server)
+            startup_marks.mark("flow ended")
+            startup_marks.mark("tuning started", summary["started_at"])
+            startup_marks.mark("first epoch", summary["first_epoch_at"])
+            startup_marks.mark("study done", summary["started_at"] + summary["tuning_wall_s"])
+            _print_summary(summary, startup.spec.objective.metric,
+                           os.environ["PREFECT_API_URL"], server)
+    finally:
+        startup.close_cluster()
+        startup.join_closing()
+    startup_marks.mark("servers stopped")
+    print(startup_marks.line())
+    return 0 if summary.get("trials_failed", 0) < summary.get("trials", 0) else 1
 
-    def overlap_startup() -> None:
-        flow_import.append(_Background(importlib.import_module, "flows.study",
-                                       mark=startup_marks, name="flow imported"))
-        startup.append(flow_import[0])
-        if not args.dask_address:
-            from pipetune.dask.cluster import shared_cluster
 
-            cluster.append(_Background(shared_cluster, mark=startup_marks, name="cluster ready"))
-            startup.append(cluster[0])
+class _BackgroundStartup:
+    """What ``tune`` does while the Prefect server boots: the job's check, then the
+    flow's imports, the embedded cluster and the MLflow store started in background
+    threads; and, on the way out, the cluster's close beside the server's stop."""
 
-    def check_job() -> None:
+    def __init__(self, args: argparse.Namespace, marks: _Startup) -> None:
+        self.args = args
+        self.marks = marks
+        self.startup: list[_Background] = []
+        self.flow_import: _Background | None = None
+        self.cluster: _Background | None = None
+        self.closing: threading.Thread | None = None
+        # the checked job, set by check_job
+        self.spec = None
+        self.tracking_uri: str | None = None
+        self.core_budget = None
+
+    def check_then_start(self) -> None:
+        self.check_job()
+        self.overlap_startup()
+
+    def check_job(self) -> None:
         from pipetune.spec import load_spec
         from pipetune.tracking import default_tracking_uri, ensure_experiment_in_recorder
 
+        args = self.args
         spec = load_spec(args.job).with_overrides(
             trials=args.trials, pipetune_enabled=False if args.no_pipetune else None
         )
@@ -154,87 +184,83 @@ def _run_tune(args: argparse.Namespace) -> int:
             from pipetune.groundtruth import GroundTruth
 
             GroundTruth(None).check()
-        startup_marks.mark("job checked")
-        job["spec"] = spec
-        job["tracking_uri"] = args.tracking_uri or default_tracking_uri()
-        job["core_budget"] = None
+        self.marks.mark("job checked")
+        self.spec = spec
+        self.tracking_uri = args.tracking_uri or default_tracking_uri()
+        self.core_budget = None
         if args.dask_address:
             from pipetune.dask.cluster import cluster_core_budget
 
             try:
-                job["core_budget"] = cluster_core_budget(args.dask_address)
+                self.core_budget = cluster_core_budget(args.dask_address)
             except OSError as exc:
                 raise PipetuneError(
                     f"--dask-address: cannot reach {args.dask_address}: {exc}") from exc
         # The store and experiment are created once, before fan-out, by the recorder
         # process that writes the study's record: this process never loads MLflow.
-        startup.append(_Background(ensure_experiment_in_recorder, job["tracking_uri"],
-                                   mark=startup_marks, name="MLflow store ready"))
+        self.startup.append(_Background(ensure_experiment_in_recorder, self.tracking_uri,
+                                        mark=self.marks, name="MLflow store ready"))
 
-    def check_then_start() -> None:
-        check_job()
-        overlap_startup()
+    def overlap_startup(self) -> None:
+        self.flow_import = _Background(importlib.import_module, "flows.study",
+                                       mark=self.marks, name="flow imported")
+        self.startup.append(self.flow_import)
+        if not self.args.dask_address:
+            from pipetune.dask.cluster import shared_cluster
 
-    closing: list[threading.Thread] = []
+            self.cluster = _Background(shared_cluster, mark=self.marks, name="cluster ready")
+            self.startup.append(self.cluster)
 
-    def close_cluster() -> None:  # beside the server's stop, not after it
-        if flow_import and not flow_import[0].is_alive():  # imported: drain what it holds
-            with contextlib.suppress(Exception):
+    def wait_ready(self) -> None:
+        for background in self.startup:
+            background.result()
+
+    def close_cluster(self) -> None:  # beside the server's stop, not after it
+        if self.flow_import is not None and not self.flow_import.is_alive():
+            with contextlib.suppress(Exception):  # imported: drain what it holds
                 sys.modules["flows.study"].drain_prefect(timeout=1)
-        if not cluster or closing:  # no cluster started here
+        if self.cluster is None or self.closing is not None:  # no cluster started here
             return
         from pipetune.dask.cluster import close_shared_cluster
 
         def close() -> None:
-            for background in startup:  # what is still starting is closed once it is up
+            for background in self.startup:  # what is still starting is closed once it is up
                 background.join()
             close_shared_cluster()
 
-        closing.append(threading.Thread(target=close, name="pipetune-close-cluster"))
-        closing[0].start()
+        self.closing = threading.Thread(target=close, name="pipetune-close-cluster")
+        self.closing.start()
 
+    def join_closing(self) -> None:
+        if self.closing is not None:
+            self.closing.join()
+
+
+def _run_study_flow(args: argparse.Namespace, startup: _BackgroundStartup, server) -> dict:
+    """The study flow on the checked job, under the live table; its summary."""
+    from flows.study import flow_settings, study_flow
+    from pipetune.cli._console import quiet_flow_tracebacks
+    from pipetune.progress import add_listener, remove_listener
+
+    spec = startup.spec
+    display = _LiveDisplay(spec.search.trials, spec.objective.metric)
+    add_listener(display.update)
     try:
-        with prefect_api(pipetune_home() / "prefect-server.log",
-                         before_wait=check_then_start, on_exit=close_cluster) as server:
-            startup_marks.mark("Prefect server ready")
-            for background in startup:
-                background.result()
-            startup_marks.mark("all ready")
-            from flows.study import flow_settings, study_flow
-            from pipetune.cli._console import quiet_flow_tracebacks
-            from pipetune.progress import add_listener, remove_listener
-
-            spec, tracking_uri = job["spec"], job["tracking_uri"]
-            display = _LiveDisplay(spec.search.trials, spec.objective.metric)
-            add_listener(display.update)
-            try:
-                # A refusal inside the flow: the one `error:` line, no engine traceback;
-                # a space value no worker can run: one `warning:` line.
-                with display, _as_stopped(), flow_settings(own_server=server is not None), \
-                        quiet_flow_tracebacks():
-                    summary = study_flow(
-                        job=spec,  # checked once, at check_job; not again in the flow
-                        tracking_uri=tracking_uri,
-                        checkpoint_root=args.checkpoints,
-                        keep_checkpoints=args.keep_checkpoints,
-                        core_budget=job["core_budget"],
-                        dask_address=args.dask_address,
-                        resume=args.resume,
-                    )
-            finally:
-                remove_listener(display.update)
-            startup_marks.mark("flow ended")
-            startup_marks.mark("tuning started", summary["started_at"])
-            startup_marks.mark("first epoch", summary["first_epoch_at"])
-            startup_marks.mark("study done", summary["started_at"] + summary["tuning_wall_s"])
-            _print_summary(summary, spec.objective.metric, os.environ["PREFECT_API_URL"], server)
+        # A refusal inside the flow: the one `error:` line, no engine traceback;
+        # a space value no worker can run: one `warning:` line.
+        with display, _as_stopped(), flow_settings(own_server=server is not None), \
+                quiet_flow_tracebacks():
+            return study_flow(
+                job=spec,  # checked once, at check_job; not again in the flow
+                tracking_uri=startup.tracking_uri,
+                checkpoint_root=args.checkpoints,
+                keep_checkpoints=args.keep_checkpoints,
+                core_budget=startup.core_budget,
+                dask_address=args.dask_address,
+                resume=args.resume,
+            )
     finally:
-        close_cluster()
-        for thread in closing:
-            thread.join()
-    startup_marks.mark("servers stopped")
-    print(startup_marks.line())
-    return 0 if summary.get("trials_failed", 0) < summary.get("trials", 0) else 1
+        remove_listener(display.update)
 
 
 _final_collections_skipped = False
