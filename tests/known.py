@@ -103,3 +103,22 @@ def process_cluster(n_workers: int = 2, cores: int = 2) -> Iterator:
         yield cluster
     finally:
         cluster.close()
+
+
+def wait_until_healthy(url: str, proc, log_path, timeout_s: float = 120.0) -> None:
+    """Wait until the server at ``url`` answers ``/health`` with 200; fail with the tail
+    of its log if its process ``proc`` exits first, or after ``timeout_s``."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        assert proc.poll() is None, Path(log_path).read_text()[-3000:]
+        assert time.monotonic() < deadline, f"{url} did not come up in {timeout_s:.0f} s"
+        time.sleep(0.5)

@@ -17,7 +17,7 @@ import urllib.request
 from typing import Any
 
 import pytest
-from known import synthetic_job
+from known import synthetic_job, wait_until_healthy
 
 from pipetune.backends import LocalBackend
 from pipetune.checkpoints import CheckpointStore
@@ -73,17 +73,7 @@ def recorded(tmp_path_factory):
              "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "mlflow server did not come up in 120 s"
-            time.sleep(0.5)
+        wait_until_healthy(url, proc, root / "server.log")
         yield url, study, parent, f"sqlite:///{root / 'mlflow.db'}"
     finally:
         os.killpg(proc.pid, 15)

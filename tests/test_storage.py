@@ -10,10 +10,10 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass, field
 
 import pytest
+from known import wait_until_healthy
 
 torch = pytest.importorskip("torch")
 
@@ -36,17 +36,7 @@ def mlflow_server(tmp_path_factory):
         stdout=log, stderr=subprocess.STDOUT, cwd=root,
         env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
-        assert time.monotonic() < deadline, "mlflow server did not come up in 120 s"
-        time.sleep(0.5)
+    wait_until_healthy(url, proc, root / "server.log")
     yield url, root / "artifacts"
     os.killpg(proc.pid, 15)
     proc.wait(timeout=30)
