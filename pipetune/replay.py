@@ -49,9 +49,11 @@ def replay(study: Study, events: list[Event], checkpoint_exists: Callable[[str],
                 _unqueue(study, event.trial, event.data.epoch)
                 study.on_epoch_done(event.data)
                 study.resumed_epochs += 1
-            elif event.kind == "failed":
-                _unqueue(study, event.trial, event.data[0])
-                study.on_epoch_failed(event.trial, *event.data)
+            elif event.kind == "failed":  # (epoch, error[, traceback file]): older have 2
+                epoch, error, *kept = event.data
+                _unqueue(study, event.trial, epoch)
+                study.on_epoch_failed(event.trial, epoch, error,
+                                      traceback_file=kept[0] if kept else None)
             elif event.kind == "match":
                 study.set_match(event.trial, event.data)
             elif event.kind == "decision":

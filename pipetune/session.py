@@ -211,7 +211,7 @@ class OpenedStudy:
         Every finished epoch and ended trial is recorded as it happens (MLflow, the
         pruned checkpoints, one line per failed trial); the end re-evaluates the best
         trial from its checkpoint (proving it) and writes the summary. A failure or a
-        stop (Ctrl-C, a signal: any exception that is not an ``Exception``) ends the
+        stop (Ctrl-C, a SIGTERM or SIGHUP: :func:`_is_stop`) ends the
         MLflow record ``FAILED`` or ``KILLED`` with its reason and leaves the journal
         resumable; it is raised again. ``backend.close`` is called either way.
         ``on_progress`` sees the engine after every step (a live display)."""
@@ -245,7 +245,7 @@ class OpenedStudy:
             extra.update(overhead_summary(timings))
             tracker.finish(study, wall_s=wall_s, extra_metrics=extra)
         except BaseException as stop:
-            stopped = not isinstance(stop, Exception)  # Ctrl-C, a signal, a kill
+            stopped = _is_stop(stop)
             reason = str(stop) if isinstance(stop, PipetuneError) else \
                 f"{type(stop).__name__}: {stop}"
             with contextlib.suppress(Exception):  # resumable with --resume either way
@@ -323,6 +323,14 @@ class OpenedStudy:
                 for t in sorted(study.trials.values(), key=lambda t: t.trial_id)
             ],
         }
+
+
+def _is_stop(error: BaseException) -> bool:
+    """Whether ``error`` stopped the study (Ctrl-C, pipetune's SIGTERM/SIGHUP, or the
+    flow engine's own SIGTERM handler, found by name: the library never imports Prefect)
+    rather than failed it (a cancelled Dask future is a failure)."""
+    return isinstance(error, KeyboardInterrupt) or any(
+        cls.__name__ == "TerminationSignal" for cls in type(error).__mro__)
 
 
 def evaluate_best(study: Study, backend: EpochBackend) -> dict[str, float]:

@@ -383,18 +383,21 @@ class Study:
         return result.cost(self.objective) * self._cost_scale(result)
 
     def on_epoch_failed(self, trial_id: int, epoch: int, error: str,
-                        failure: EpochFailure | None = None) -> None:
+                        failure: EpochFailure | None = None, *,
+                        traceback_file: str | None = None) -> None:
         """An epoch raised (``failure``: the exception with its traceback, kept in the
         study's folder) or its worker was lost: the trial fails, and the study goes on
-        unless trials keep failing this way before any epoch finished (:attr:`broken`)."""
-        self._log("failed", trial_id, (epoch, error))
-        self._in_flight.pop((trial_id, epoch), None)
+        unless trials keep failing this way before any epoch finished (:attr:`broken`).
+        ``traceback_file``: where an earlier run kept the traceback (a replayed event)."""
         trial = self.trials[trial_id]
+        trial.traceback_file = traceback_file
         if failure is not None:
             trial.failure = failure
             if self.journal is not None and not self._replaying:
                 trial.traceback_file = str(self.journal.write_traceback(
                     trial_id, epoch, self._traceback_text(trial, epoch, failure)))
+        self._log("failed", trial_id, (epoch, error, trial.traceback_file))
+        self._in_flight.pop((trial_id, epoch), None)
         self._end(trial, TrialState.FAILED, error=error)
         if failure is not None and not self._replaying:
             self._count_failure(trial, failure)

@@ -83,9 +83,11 @@ class PrefectEpochBackend(EpochBackend):
         self.task_runs.close(timeout=timeout)
 
     def cancel(self) -> None:
-        self.cluster.cancel()
-        self._runs.clear()
-        self.task_runs.cancel_open()
+        try:
+            self.cluster.cancel()  # may raise when the scheduler is gone ...
+        finally:  # ... the task runs still end Cancelled
+            self._runs.clear()
+            self.task_runs.cancel_open()
 
     def evaluate(self, task: EpochTask, checkpoint: str) -> dict[str, float]:
         return evaluate_checkpoint(task, checkpoint, self.cluster)

@@ -164,3 +164,17 @@ def test_tune_stops_a_40_trial_study_of_a_broken_workload_with_one_line(tmp_path
         text = Path(client.download_artifacts(run.info.run_id, "traceback.txt",
                                               str(tmp_path / run.info.run_id))).read_text()
         assert "Traceback (most recent call last)" in text and "linear" in text
+
+
+def test_a_resumed_study_still_knows_where_its_failed_trials_tracebacks_are(tmp_path):
+    job = broken_job("kept", trials=6, stop_after_failures=2, max_concurrent=1)
+    first = run_study_locally(study_of(tmp_path, job))
+    kept = {t.trial_id: t.traceback_file for t in first.trials.values()}
+    assert len(kept) == 2 and all(Path(f).is_file() for f in kept.values())
+    spec = JobSpec.from_dict(job, machine=MACHINE)
+    journal = StudyJournal(tmp_path / "studies", "kept")
+    again = Study(spec, study_id="kept", checkpoints=CheckpointStore(tmp_path / "ck"),
+                  core_budget=2, machine=MACHINE, journal=journal)
+    again.replay(journal.events(), checkpoint_exists=CheckpointStore.exists)
+    assert {t.trial_id: t.traceback_file for t in again.trials.values()} == kept
+    assert all(t.state == TrialState.FAILED for t in again.trials.values())

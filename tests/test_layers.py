@@ -71,3 +71,14 @@ def test_no_import_circle_joins_library_modules():
 
     graph = grimp.build_graph("pipetune", exclude_type_checking_imports=True, cache_dir=None)
     assert import_circles(graph) == []
+
+
+def test_the_circle_finder_finds_a_circle_and_leaves_a_package_and_its_submodule_out():
+    class Graph:  # grimp's graph, as import_circles reads it
+        imports = {"p": {"p.a"}, "p.a": {"p.b"}, "p.b": {"p.a"}, "p.c": {"p.a"}}
+        modules = set(imports)
+
+        def find_modules_directly_imported_by(self, module):
+            return self.imports[module]
+
+    assert sorted(sorted(c) for c in import_circles(Graph())) == [["p.a", "p.b"]]
