@@ -198,7 +198,24 @@ def close_shared_cluster() -> None:
         client = _clients.pop(cluster.scheduler_address, None)
         if client is not None:
             client.close()
-        cluster.close()
+        # Workers leaving a closing cluster may still hold a finished fire-and-forget
+        # task (a trial's release); the scheduler warns that it "will be recomputed
+        # elsewhere", which nothing will: not a warning for whoever ran the study.
+        with _quiet("distributed.scheduler"):
+            cluster.close()
+
+
+@contextlib.contextmanager
+def _quiet(logger_name: str):
+    import logging
+
+    log = logging.getLogger(logger_name)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _client_for(address: str):
