@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 
 #: The attribute a log record carries (through ``extra``) for a line meant for a person
 #: at the terminal: the command line prints it as its own ``warning:`` line.
-NOTICE = {"pipetune_notice": "warning"}
+NOTICE_ATTR = "pipetune_notice"
+NOTICE = {NOTICE_ATTR: "warning"}
 
 
 @dataclass(frozen=True)
@@ -342,4 +343,4 @@ def evaluate_best(study: Study, backend: EpochBackend) -> dict[str, float]:
     return {f"best_checkpoint_{k}": v for k, v in metrics.items()}
 
 
-__all__ = ["NOTICE", "OpenedStudy", "StudyOptions", "evaluate_best", "open_study"]
+__all__ = ["NOTICE", "NOTICE_ATTR", "OpenedStudy", "StudyOptions", "evaluate_best", "open_study"]

@@ -424,12 +424,9 @@ class Study:
             trial.trial_id, trial.traceback_file)
         self._log("broken", trial.trial_id, self.broken.line)
         # What waits to start never starts; what runs ends when its epoch comes back.
+        # No epoch has finished, so a queued trial never ran: a resumed study starts it.
         for task in self._queue:
-            waiting = self.trials.get(task.trial_id)
-            if waiting is not None and not waiting.results:
-                del self.trials[task.trial_id]  # never ran: a resumed study starts it again
-            elif waiting is not None:
-                self._end(waiting, TrialState.STOPPED)
+            self.trials.pop(task.trial_id, None)
         self._queue.clear()
 
     def needs_lookup(self, trial_id: int) -> bool:

@@ -17,10 +17,7 @@ import sys
 from collections.abc import Iterator
 
 from pipetune.errors import PipetuneError
-
-#: The log-record attribute a flow sets (through ``extra``) on a line meant for a person
-#: at the terminal; its value is the CLI's prefix (``warning``).
-NOTICE_ATTR = "pipetune_notice"
+from pipetune.session import NOTICE_ATTR  # a notice line's log-record attribute
 
 #: The loggers a flow run's records start from; their handlers up to the root are the
 #: console's candidates.
