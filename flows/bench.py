@@ -43,7 +43,6 @@ from pipetune.bench import (
 from pipetune.bench_optuna import OptunaRunFailed
 from pipetune.dask.address import default_address
 from pipetune.errors import BrokenWorkload, PipetuneError
-from pipetune.progress import add_listener, remove_listener
 from pipetune.spec import JobSpec
 from pipetune.system.config import MachineInfo
 from pipetune.tracking.links import ui_base_url
@@ -68,15 +67,16 @@ def run_study(
     and the engine it drove. ``seen`` collects the engines the flow drove (the study
     of a flow that raised is its last)."""
     from flows.study import study_flow
+    from pipetune.events import Stepped
+    from pipetune.session import observing
 
     seen = [] if seen is None else seen
 
-    def capture(study: Any) -> None:
-        if not seen or seen[-1] is not study:
-            seen.append(study)
+    def capture(event: Any) -> None:
+        if isinstance(event, Stepped) and (not seen or seen[-1] is not event.study):
+            seen.append(event.study)
 
-    add_listener(capture)
-    try:
+    with observing(capture):
         summary = study_flow.with_options(flow_run_name=f"bench-{name}")(
             job=spec.to_dict(),
             dask_address=dask_address,
@@ -84,8 +84,6 @@ def run_study(
             checkpoint_root=checkpoint_root,
             groundtruth_path=groundtruth_path,
         )
-    finally:
-        remove_listener(capture)
     study = next((s for s in seen if s.study_id == summary["study_id"]), None)
     if study is None:
         raise RuntimeError(f"study {summary['study_id']} ran but its engine was not seen")

@@ -3,7 +3,8 @@
 The flow only wires. The study is opened, run and closed by the library
 (:func:`pipetune.session.open_study`); here a deployment's parameters are confined, the
 flow run is named after its study and linked to its MLflow run, and the engine's epochs,
-profile lookups and tuning decisions are recorded as task runs, so every trial shows in
+profile lookups and tuning decisions (its events, :mod:`pipetune.events`) are recorded
+as task runs, so every trial shows in
 the Prefect UI as a chain epoch -> lookup -> tune -> epoch ... Each epoch is a plain Dask
 future recorded as one ``train-epoch`` task run (:mod:`tasks.task_runs` says why they are
 records, not task-engine runs: the engine cost the loop ~75 ms per epoch).
@@ -19,9 +20,9 @@ from prefect.runtime import deployment, flow_run
 
 from flows.params import CoreBudget, JobArgument, TrialsOverride
 from pipetune.confine import confine_parameters, enforced
+from pipetune.events import Decided, LookedUp, Observer, StudyEvent
 from pipetune.session import StudyOptions, open_study
 from pipetune.spec import JobSpec, load_spec
-from pipetune.study import Study
 from pipetune.tracking import StudyTracker
 from tasks import PrefectEpochBackend
 from tasks.task_runs import TaskRunWriter, api_url
@@ -83,10 +84,8 @@ def study_flow(
     _name_flow_run(opened.study_id)
     _link_mlflow_run(opened.tracker, opened.tracking_uri, opened.study_id)
     task_runs = TaskRunWriter(run_id, api_url())
-    summary = opened.run(
-        PrefectEpochBackend(opened.dask_backend(), task_runs),
-        lookup=lambda trial_id: _lookup(opened.study, task_runs, trial_id),
-        decide=lambda trial_id, epoch: _decide(opened.study, task_runs, trial_id, epoch))
+    summary = opened.run(PrefectEpochBackend(opened.dask_backend(), task_runs),
+                         observers=[_decisions_as_task_runs(task_runs)])
     return {**summary, "flow_run_id": run_id}
 
 
@@ -103,17 +102,27 @@ def _deployment_id() -> str | None:
     return deployment.id
 
 
-def _lookup(study: Study, task_runs: TaskRunWriter, trial_id: int):
-    with task_runs.span("profile-lookup", f"trial-{trial_id}-profile-lookup", trial_id):
-        return study.lookup(trial_id)
+def _decisions_as_task_runs(task_runs: TaskRunWriter) -> Observer:
+    """An engine observer: each profile lookup and tuning decision written as the task
+    run it was (with its own times), and each decision as a line in the flow run's log.
+    (A job known at a trial's start shows in its first epoch's config, not as a lookup.)"""
+    logger = get_run_logger()
 
+    def observe(event: StudyEvent) -> None:
+        if isinstance(event, LookedUp) and not event.known:
+            trial = event.trial_id
+            task_runs.ran("profile-lookup", f"trial-{trial}-profile-lookup", trial,
+                          event.started, event.ended, event.error)
+        elif isinstance(event, Decided):
+            trial, epoch = event.trial_id, event.after_epoch
+            task_runs.ran("tune-system", f"trial-{trial}-tune-after-epoch-{epoch}", trial,
+                          event.started, event.ended, event.error)
+            if event.decision is not None:
+                logger.info("trial %d after epoch %d: %s epoch under %s (%s)", trial, epoch,
+                            event.decision.phase.value, event.decision.system.label(),
+                            event.decision.reason)
 
-def _decide(study: Study, task_runs: TaskRunWriter, trial_id: int, epoch: int):
-    with task_runs.span("tune-system", f"trial-{trial_id}-tune-after-epoch-{epoch}", trial_id):
-        decision = study.decide(trial_id)
-    get_run_logger().info("trial %d after epoch %d: %s epoch under %s (%s)", trial_id, epoch,
-                          decision.phase.value, decision.system.label(), decision.reason)
-    return decision
+    return observe
 
 
 def _name_flow_run(study_id: str) -> None:

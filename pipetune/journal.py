@@ -30,9 +30,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipetune.errors import PipetuneError
+
+if TYPE_CHECKING:
+    from pipetune.events import StudyEvent
 
 #: Header states ``--resume`` without a study id picks from (``finished`` is the other).
 UNFINISHED = ("running", "stopped", "failed")
@@ -113,6 +116,12 @@ class StudyJournal:
                                "data": payload.decode("ascii")})
             self._fh.write(line.encode("ascii") + b"\n")
             self._fh.flush()
+
+    def observe(self, event: StudyEvent) -> None:
+        """An engine observer (:mod:`pipetune.events`): append the events a resumed
+        study replays."""
+        if event.journaled:
+            self.append(event.journal_kind, event.trial_id, event.journal_data())
 
     def write_traceback(self, trial: int, epoch: int, text: str) -> Path:
         """Keep a failed epoch's whole traceback as ``failures/trial-T-epoch-E.txt`` in

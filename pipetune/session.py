@@ -18,11 +18,12 @@ and decisions as task runs. Nothing here imports Prefect.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,15 +33,34 @@ from pipetune.states import TrialState
 if TYPE_CHECKING:
     from pipetune.backends import EpochBackend
     from pipetune.checkpoints import CheckpointStore
+    from pipetune.events import Observer, StudyEvent
     from pipetune.journal import StudyJournal
     from pipetune.spec import JobSpec, SpaceDrop
-    from pipetune.study import StepEvent, Study
+    from pipetune.study import Study
     from pipetune.tracking import StudyTracker
+    from pipetune.trial import Trial
 
 #: The attribute a log record carries (through ``extra``) for a line meant for a person
 #: at the terminal: the command line prints it as its own ``warning:`` line.
 NOTICE_ATTR = "pipetune_notice"
 NOTICE = {NOTICE_ATTR: "warning"}
+
+#: Observers that every study run in this context hears (:func:`observing`).
+_OBSERVING: contextvars.ContextVar[tuple[Observer, ...]] = contextvars.ContextVar(
+    "pipetune_observing", default=())
+
+
+@contextlib.contextmanager
+def observing(observer: Observer) -> Iterator[Observer]:
+    """Every study run inside the block (in this thread or a task it starts, e.g. a
+    Prefect flow called here) also tells ``observer`` its events
+    (:mod:`pipetune.events`): how the command line's live table watches a study it
+    starts through the flow. Scoped to the block and the context, not a global."""
+    token = _OBSERVING.set((*_OBSERVING.get(), observer))
+    try:
+        yield observer
+    finally:
+        _OBSERVING.reset(token)
 
 
 @dataclass(frozen=True)
@@ -204,9 +224,7 @@ class OpenedStudy:
         return DaskBackend(self.client)
 
     def run(self, backend: EpochBackend, *,
-            lookup: Callable[[int], Any] | None = None,
-            decide: Callable[[int, int], Any] | None = None,
-            on_progress: Callable[[Study], None] | None = None) -> dict[str, Any]:
+            observers: Sequence[Observer] = ()) -> dict[str, Any]:
         """Drive the study to its end over ``backend`` and return its summary.
 
         Every finished epoch and ended trial is recorded as it happens (MLflow, the
@@ -214,28 +232,20 @@ class OpenedStudy:
         trial from its checkpoint (proving it) and writes the summary. A failure or a
         stop (Ctrl-C, a SIGTERM or SIGHUP: :func:`_is_stop`) ends the
         MLflow record ``FAILED`` or ``KILLED`` with its reason and leaves the journal
-        resumable; it is raised again. ``backend.close`` is called either way.
-        ``on_progress`` sees the engine after every step (a live display)."""
-        from pipetune.progress import notify
+        resumable; it is raised again (a :class:`PipetuneError` carrying the study's id
+        as ``study_id``). ``backend.close`` is called either way. ``observers`` (and
+        those of an enclosing :func:`observing`) hear the engine's events
+        (:mod:`pipetune.events`) after the study's own records have."""
         from pipetune.reports import orchestration_overhead, overhead_summary
 
         study, tracker, log = self.study, self.tracker, self.log
-        progress = on_progress or notify
-
-        def on_step(event: StepEvent) -> None:
-            if event.ended:
-                self._say_ended(event)
-                tracker.end_trial(event.trial, metric=study.metric)
-                self.checkpoints.prune_trial(event.trial.results, study.metric, study.mode)
-            progress(study)
-
+        attached = [study.observe(self._record), *map(study.observe, observers),
+                    *map(study.observe, _OBSERVING.get())]
         if study.ground_truth is not None:  # fit its clusters while epoch 1 runs
             study.ground_truth.prepare_in_background()
         started = time.time()
         try:
-            progress(study)
-            study.run(backend, on_step=on_step, on_result=tracker.log_epoch,
-                      lookup=lookup, decide=decide)
+            study.run(backend)
             if study.broken is not None:  # trials kept failing the same way: broken code
                 raise BrokenWorkload(f"{study.broken.line} (and traceback.txt on the MLflow "
                                      f"run of trial {study.broken.trial_id})")
@@ -246,6 +256,8 @@ class OpenedStudy:
             extra.update(overhead_summary(timings))
             tracker.finish(study, wall_s=wall_s, extra_metrics=extra)
         except BaseException as stop:
+            if isinstance(stop, PipetuneError) and getattr(stop, "study_id", None) is None:
+                stop.study_id = study.study_id  # which study a caller finds it in
             stopped = _is_stop(stop)
             reason = str(stop) if isinstance(stop, PipetuneError) else \
                 f"{type(stop).__name__}: {stop}"
@@ -259,6 +271,9 @@ class OpenedStudy:
             with contextlib.suppress(Exception):
                 backend.close(timeout=1 if stopped else 60)
             raise
+        finally:
+            for observer in attached:
+                study.unobserve(observer)
         self.journal.update(status="finished")
         self.journal.close()
         try:  # the study is done and in MLflow; a lost side record is not worth failing it
@@ -269,10 +284,22 @@ class OpenedStudy:
         self._say_summary(summary, wall_s)
         return self._summary_dict(summary, started, wall_s, extra, timings)
 
-    # -- what it says and returns ---------------------------------------------------------
-    def _say_ended(self, event: StepEvent) -> None:
-        trial = event.trial
-        if event.result is None:  # one line; the traceback is in the file and on MLflow
+    # -- what it records, says and returns -------------------------------------------------
+    def _record(self, event: StudyEvent) -> None:
+        """The study's own observer: each finished epoch and ended trial into MLflow, an
+        ended trial's other checkpoints pruned, one line per ended trial."""
+        from pipetune.events import EpochFinished, TrialEnded
+
+        study = self.study
+        if isinstance(event, EpochFinished):
+            self.tracker.log_epoch(event.trial, event.result)
+        elif isinstance(event, TrialEnded):
+            self._say_ended(event.trial)
+            self.tracker.end_trial(event.trial, metric=study.metric)
+            self.checkpoints.prune_trial(event.trial.results, study.metric, study.mode)
+
+    def _say_ended(self, trial: Trial) -> None:
+        if trial.state == TrialState.FAILED:  # one line; the traceback is in the file and on MLflow
             where = f" (traceback: {trial.traceback_file})" if trial.traceback_file else ""
             self.log.warning("trial %s failed: %s%s", trial.trial_id, trial.error, where,
                              extra=NOTICE)
@@ -343,4 +370,5 @@ def evaluate_best(study: Study, backend: EpochBackend) -> dict[str, float]:
     return {f"best_checkpoint_{k}": v for k, v in metrics.items()}
 
 
-__all__ = ["NOTICE", "NOTICE_ATTR", "OpenedStudy", "StudyOptions", "evaluate_best", "open_study"]
+__all__ = ["NOTICE", "NOTICE_ATTR", "OpenedStudy", "StudyOptions", "evaluate_best", "observing",
+           "open_study"]

@@ -10,8 +10,9 @@ else, one finished epoch per :meth:`Study.step`::
 
 Searcher, scheduler and system tuner are policies consulted here; they never train,
 submit or log. The engine writes the ground truth (a store, not a log) when the tuner
-says which config to record. Callers that wrap the policy calls (the Prefect flow
-shows each as a task run) pass ``lookup`` / ``decide`` callables to :meth:`Study.step`.
+says which config to record. Everything else hears what happened from the engine's
+events (:mod:`pipetune.events`): ``study.observe(fn)``. The journal, the MLflow record,
+the live table and the Prefect flow's task runs are observers; none calls back in.
 """
 
 from __future__ import annotations
@@ -22,7 +23,22 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from pipetune.replay import replay as replay_journal
+from pipetune.events import (
+    Broke,
+    Decided,
+    EpochFailed,
+    EpochFinished,
+    EpochSent,
+    LookedUp,
+    Observer,
+    Stepped,
+    StudyEvent,
+    TrialEnded,
+    TrialStarted,
+    Unconfirmed,
+)
+from pipetune.journal import JournalError
+from pipetune.replay import replayable
 from pipetune.reports import StudySummary, study_summary
 from pipetune.runner import EpochFailure, EpochResult, EpochTask
 from pipetune.schedulers import Decision, make_scheduler
@@ -121,8 +137,13 @@ class Study:
         #: orchestration-overhead figures (what happens around an epoch's own work).
         #: Ready -> handed out is the wait for free cores, not overhead.
         self.epoch_times: dict[tuple[int, int], list[float]] = {}
-        #: Where every event is appended as it happens (None: the study cannot resume).
+        #: Who hears the engine's events (:meth:`observe`), in order.
+        self._observers: list[Observer] = []
+        #: Where every journaled event is appended as it happens (None: the study
+        #: cannot resume); the journal is the engine's first observer.
         self.journal = journal
+        if journal is not None:
+            self.observe(journal.observe)
         self._replaying = False
         #: Epochs that had finished before this study was resumed (not run again).
         self.resumed_epochs = 0
@@ -171,12 +192,13 @@ class Study:
         )
         _, trial.fixed_system = split_system_params(trial.params, self.spec.system.default)
         self.trials[trial.trial_id] = trial
-        self._log("start", trial.trial_id, trial.params)
+        self._emit(TrialStarted(trial))
         if (self.spec.pipetune.enabled and self.ground_truth is not None
                 and trial.fixed_system is None and not self._replaying):
+            asked = time.time()
             known = self.ground_truth.known(self.job_key(trial), self.objective)
             if known is not None:  # its first epoch confirms it (on_epoch_done)
-                self.set_match(trial.trial_id, known)
+                self.set_match(trial.trial_id, known, took=(asked, time.time()), known=True)
         decision = self.decide(trial.trial_id)
         trial.decisions.append(decision)
         return self._mark_ready(self._epoch_task(trial, decision))
@@ -282,14 +304,16 @@ class Study:
 
     # -- what came back -------------------------------------------------------------
     def on_epoch_done(self, result: EpochResult) -> Decision:
-        """Record a finished epoch; return whether the trial goes on (the scheduler's call)."""
-        self._log("result", result.trial_id, result)
+        """Record a finished epoch; return whether the trial goes on (the scheduler's call).
+        Observers hear of it (:class:`~pipetune.events.EpochFinished`) before any policy
+        is consulted, so a record of it survives a failing policy."""
         self._in_flight.pop((result.trial_id, result.epoch), None)
         if (result.trial_id, result.epoch) in self.epoch_times:
             self.epoch_times[(result.trial_id, result.epoch)][2] = time.time()
         trial = self.trials[result.trial_id]
         trial.results.append(result)
         trial.history.append(self.observation(result))
+        self._emit(EpochFinished(trial, result))
         self._confirm_known(trial, result)
         value = result.metrics.get(self.metric)
         if value is None or math.isnan(value):
@@ -341,7 +365,7 @@ class Study:
             return
         trial.baseline = 1
         trial.match = None
-        self._log("unconfirmed", trial.trial_id, why)
+        self._emit(Unconfirmed(trial, why))
 
     def observation(self, result: EpochResult) -> EpochObservation:
         """What the system tuner sees of a finished epoch: its cost, steady cost and
@@ -396,7 +420,7 @@ class Study:
             if self.journal is not None and not self._replaying:
                 trial.traceback_file = str(self.journal.write_traceback(
                     trial_id, epoch, self._traceback_text(trial, epoch, failure)))
-        self._log("failed", trial_id, (epoch, error, trial.traceback_file))
+        self._emit(EpochFailed(trial, epoch, error, trial.traceback_file))
         self._in_flight.pop((trial_id, epoch), None)
         self._end(trial, TrialState.FAILED, error=error)
         if failure is not None and not self._replaying:
@@ -422,7 +446,7 @@ class Study:
             f"{failure.line()} before any epoch finished (search.stop_after_failures: "
             f"{limit}){where}",
             trial.trial_id, trial.traceback_file)
-        self._log("broken", trial.trial_id, self.broken.line)
+        self._emit(Broke(trial, self.broken.line))
         # What waits to start never starts; what runs ends when its epoch comes back.
         # No epoch has finished, so a queued trial never ran: a resumed study starts it.
         for task in self._queue:
@@ -448,9 +472,13 @@ class Study:
             first.measurement.profile, first.batch_size, self.objective
         )
 
-    def set_match(self, trial_id: int, match: GroundTruthMatch) -> None:
-        self._log("match", trial_id, match)
+    def set_match(self, trial_id: int, match: GroundTruthMatch, *,
+                  took: tuple[float, float] | None = None, known: bool = False) -> None:
+        """Give the trial its ground-truth answer (``took``: when the lookup started and
+        ended, for observers; ``known``: its job was recognised at its start)."""
         trial = self.trials[trial_id]
+        now = time.time()
+        self._emit(LookedUp(trial, match, *(took or (now, now)), known=known))
         trial.match = match
         if self._replaying and trial.epochs_run == 0 and match.known_graph is not None:
             # A known job's first epoch runs under its config: decide it again now that
@@ -487,10 +515,13 @@ class Study:
                   if t.state == TrialState.RUNNING and t.trial_id != trial.trial_id]
         return None if others else min(self.core_budget, self.tuner.machine.cores)
 
-    def apply_decision(self, trial_id: int, decision: TuningDecision) -> EpochTask:
-        """Queue the trial's next epoch under ``decision``; record the best config if told."""
-        self._log("decision", trial_id, decision)
+    def apply_decision(self, trial_id: int, decision: TuningDecision, *,
+                       took: tuple[float, float] | None = None) -> EpochTask:
+        """Queue the trial's next epoch under ``decision``; record the best config if told.
+        ``took``: when the decision was asked and made, for observers."""
         trial = self.trials[trial_id]
+        now = time.time()
+        self._emit(Decided(trial, trial.epochs_run, decision, *(took or (now, now))))
         trial.decisions.append(decision)
         if decision.remember is not None and decision.remember_cost is not None:
             self._record(trial, decision.remember, decision.remember_cost,
@@ -499,35 +530,89 @@ class Study:
         self._queue.append(task)
         return task
 
-    # -- the journal ------------------------------------------------------------------
-    def _log(self, kind: str, trial_id: int, data: Any) -> None:
-        if self.journal is not None and not self._replaying:
-            self.journal.append(kind, trial_id, data)
+    # -- events and the journal -------------------------------------------------------
+    def observe(self, observer: Observer) -> Observer:
+        """``observer(event)`` hears every event from now on, in order, before the
+        engine acts on the next thing (:mod:`pipetune.events`); returns it."""
+        self._observers.append(observer)
+        return observer
+
+    def unobserve(self, observer: Observer) -> None:
+        if observer in self._observers:
+            self._observers.remove(observer)
+
+    def _emit(self, event: StudyEvent) -> None:
+        if self._replaying:  # heard, journaled and recorded before the study stopped
+            return
+        for observer in list(self._observers):
+            observer(event)
 
     def replay(self, events: list[Event], *, checkpoint_exists: Callable[[str], bool]) -> int:
-        """Bring a fresh engine to where the journal's study stopped; return the number
-        of finished epochs taken over (they are not run again). See :mod:`pipetune.replay`."""
-        return replay_journal(self, events, checkpoint_exists)
+        """Bring this fresh engine to where the journal's study stopped; return the
+        number of finished epochs taken over (they are not run again).
+
+        The events are fed to the engine's own methods, in the same order, so the
+        searcher is asked and told, the scheduler sees each result, and each trial gets
+        its match and decisions exactly as before; nothing is emitted again (the
+        journal and the ground truth have them). What was running when the study
+        stopped is queued again: a trial's interrupted epoch restarts from its last
+        checkpoint. A running trial whose newest checkpoints never reached storage
+        (their write was still in the background) gives those epochs back: they run
+        again (:func:`pipetune.replay.replayable`)."""
+        if self.trials:
+            raise JournalError("replay needs a fresh study")
+        keep = replayable(events, checkpoint_exists)
+        self._replaying = True
+        try:
+            for event in events:
+                if keep(event):
+                    self._replay_one(event)
+        finally:
+            self._replaying = False
+        # The study stopped between a trial's finished epoch and its next decision: plan
+        # that epoch now, as the engine would have (journaled like any other).
+        queued = {t.trial_id for t in self._queue}
+        for trial in list(self.trials.values()):
+            if (trial.state == TrialState.RUNNING and trial.results
+                    and trial.trial_id not in queued):
+                self._plan_next(trial)
+        return self.resumed_epochs
+
+    def _replay_one(self, event: Event) -> None:
+        if event.kind == "start":
+            task = self._start_trial()
+            trial = self.trials.get(event.trial)
+            if task is None or trial is None or trial.params != event.data:
+                raise JournalError(
+                    f"study {self.study_id}: the searcher no longer proposes trial "
+                    f"{event.trial} with {event.data} (was the job changed?)")
+            self._queue.append(task)
+        elif event.kind == "result":
+            self._unqueue(event.trial, event.data.epoch)
+            self.on_epoch_done(event.data)
+            self.resumed_epochs += 1
+        elif event.kind == "failed":  # (epoch, error[, traceback file]): older have 2
+            epoch, error, *kept = event.data
+            self._unqueue(event.trial, epoch)
+            self.on_epoch_failed(event.trial, epoch, error,
+                                 traceback_file=kept[0] if kept else None)
+        elif event.kind == "match":
+            self.set_match(event.trial, event.data)
+        elif event.kind == "decision":
+            self.apply_decision(event.trial, event.data)
+
+    def _unqueue(self, trial_id: int, epoch: int) -> None:
+        self._queue = deque(t for t in self._queue if (t.trial_id, t.epoch) != (trial_id, epoch))
 
     # -- the loop ---------------------------------------------------------------------
-    def step(
-        self,
-        backend: EpochBackend,
-        *,
-        lookup: Callable[[int], GroundTruthMatch] | None = None,
-        decide: Callable[[int, int], TuningDecision] | None = None,
-        on_result: Callable[[Trial, EpochResult], None] | None = None,
-    ) -> StepEvent:
-        """Submit every epoch that fits, wait for one to finish, and act on it.
-
-        ``on_result(trial, result)`` sees each finished epoch as soon as the engine has
-        it, before any policy is consulted (so a record of it survives a failing
-        lookup). ``lookup(trial_id)`` and ``decide(trial_id, epoch)`` default to
-        :meth:`lookup` and :meth:`decide`; a caller may wrap them (they must call
-        those methods). Returns what happened to the trial whose epoch finished.
-        """
+    def step(self, backend: EpochBackend) -> StepEvent:
+        """Submit every epoch that fits, wait for one to finish, and act on it: record
+        it, end the trial or look its profile up and decide its next epoch. Observers
+        hear each of those as it happens. Returns what happened to the trial whose epoch
+        finished."""
         for task in self.launchable():
             backend.submit(task)
+            self._emit(EpochSent(task))
         if not self._in_flight:
             raise StudyStuck("nothing launchable and nothing in flight")
         outcome = backend.wait()
@@ -535,39 +620,74 @@ class Study:
         trial = self.trials[task.trial_id]
         if outcome.error is not None:
             self.on_epoch_failed(task.trial_id, task.epoch, outcome.error, outcome.failure)
-            backend.release(self.study_id, task.trial_id)
-            return StepEvent(trial, None, ended=True)
+            return self._ended(backend, StepEvent(trial, None, ended=True))
         result = outcome.result
         assert result is not None
-        decision = self.on_epoch_done(result)
-        if on_result is not None:
-            on_result(trial, result)
-        if decision is Decision.CONTINUE:
-            if self.needs_lookup(task.trial_id):
-                self.set_match(task.trial_id, (lookup or self.lookup)(task.trial_id))
-            choice = (decide or (lambda t, _e: self.decide(t)))(task.trial_id, task.epoch)
-            self.apply_decision(task.trial_id, choice)
-            return StepEvent(trial, result, ended=False)
-        backend.release(self.study_id, task.trial_id)
-        return StepEvent(trial, result, ended=True)
+        if self.on_epoch_done(result) is Decision.CONTINUE:
+            self._plan_next(trial)
+            event = StepEvent(trial, result, ended=False)
+            self._emit(Stepped(self))
+            return event
+        return self._ended(backend, StepEvent(trial, result, ended=True))
+
+    def _plan_next(self, trial: Trial) -> None:
+        """Look the trial's profile up (after its first profiled epoch) and queue its
+        next epoch under the system tuner's decision."""
+        if self.needs_lookup(trial.trial_id):
+            match, took = self._timed(trial, "lookup", self.lookup, trial.trial_id)
+            self.set_match(trial.trial_id, match, took=took)
+        decision, took = self._timed(trial, "decide", self.decide, trial.trial_id)
+        self.apply_decision(trial.trial_id, decision, took=took)
+
+    def _ended(self, backend: EpochBackend, event: StepEvent) -> StepEvent:
+        backend.release(self.study_id, event.trial.trial_id)  # its checkpoints on storage
+        self._emit(TrialEnded(event.trial))
+        self._emit(Stepped(self))
+        return event
+
+    def _timed(self, trial: Trial, what: str, policy: Callable[[int], Any],
+               trial_id: int) -> tuple[Any, tuple[float, float]]:
+        """Call a policy; when it raises, observers hear of it (a failed span) first."""
+        started = time.time()
+        try:
+            answer = policy(trial_id)
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"
+            if what == "lookup":
+                self._emit(LookedUp(trial, None, started, time.time(), error=error))
+            else:
+                self._emit(Decided(trial, trial.epochs_run, None, started, time.time(),
+                                   error=error))
+            raise
+        return answer, (started, time.time())
 
     def run(
         self,
         backend: EpochBackend,
         *,
         on_step: Callable[[StepEvent], None] | None = None,
-        **policy_calls: Any,
+        on_result: Callable[[Trial, EpochResult], None] | None = None,
     ) -> Study:
-        """Step until the study is done; ``on_step`` sees every event. On any error the
-        backend's running epochs are cancelled."""
+        """Step until the study is done. ``on_step`` sees what each step did;
+        ``on_result(trial, result)`` each finished epoch before any policy runs (a
+        shorthand for observing :class:`~pipetune.events.EpochFinished`). On any error
+        the backend's running epochs are cancelled."""
+        def results(event: StudyEvent) -> None:
+            if isinstance(event, EpochFinished) and on_result is not None:
+                on_result(event.trial, event.result)
+
+        self.observe(results)
         try:
+            self._emit(Stepped(self))
             while not self.done:
-                event = self.step(backend, **policy_calls)
+                event = self.step(backend)
                 if on_step is not None:
                     on_step(event)
         except BaseException:
             backend.cancel()
             raise
+        finally:
+            self.unobserve(results)
         backend.release(self.study_id)
         return self
 

@@ -3,8 +3,9 @@
 Running a Prefect task run per epoch in the study process (the engine's contexts,
 state events, its thread) cost the study loop ~50 ms of every epoch's round trip
 here, and the profile lookup and tuning decision as task runs another ~25 ms between
-epochs: GIL time the loop waited for. So the engine does that work itself and
-:class:`TaskRunWriter` tells Prefect what ran: each ``train-epoch``, ``profile-lookup``
+epochs: GIL time the loop waited for. So the engine does that work itself, emits what
+it did with its times (:mod:`pipetune.events`), and :class:`TaskRunWriter` tells
+Prefect what ran: each ``train-epoch``, ``profile-lookup``
 and ``tune-system`` is still one task run of the flow run, named as before, Running
 while it runs and Completed (or Failed, Cancelled) with the real times, and linked to
 the trial's previous task run so the UI draws each trial as a chain. The API calls
@@ -13,11 +14,9 @@ happen in the recorder process (:mod:`pipetune.sidecar`), never in the loop.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -108,16 +107,13 @@ class TaskRunWriter:
             self._open.pop(run_id, None)
         self._send("finish", run_id, time.time(), error)
 
-    @contextlib.contextmanager
-    def span(self, task: str, name: str, trial_id: int) -> Iterator[None]:
-        """A task run lasting as long as the block; Failed if the block raises."""
-        run_id = self.started(task, name, trial_id)
-        try:
-            yield
-        except BaseException as e:
-            self.finished(run_id, error=f"{type(e).__name__}: {e}")
-            raise
-        self.finished(run_id)
+    def ran(self, task: str, name: str, trial_id: int, started: float, ended: float,
+            error: str | None = None) -> None:
+        """A task run that already happened, from ``started`` to ``ended`` (an engine
+        event's times); Failed with ``error`` when given."""
+        run_id = str(uuid.uuid4())
+        self._send("start", run_id, task, name, trial_id, started)
+        self._send("finish", run_id, ended, error)
 
     def cancel_open(self) -> None:
         """Every task run still running ends Cancelled (the study stopped)."""

@@ -1,9 +1,11 @@
-"""Profile lookup and system-tuning tasks: the decisions between a trial's epochs.
+"""The decisions between a trial's epochs, as the Prefect tasks their runs belong to.
 
-They take the study engine and a trial id and call its policy methods. The study flow
-makes those calls itself and writes each as a run of these tasks
-(:class:`tasks.task_runs.TaskRunWriter`), so the Prefect UI shows every decision as a
-task run between a trial's epochs without the task engine on the loop's path.
+The engine makes the profile lookup and the tuning decision itself and emits each
+with its times (:class:`pipetune.events.LookedUp`, :class:`pipetune.events.Decided`);
+the study flow writes each as a run of one of these tasks
+(:meth:`tasks.task_runs.TaskRunWriter.ran`), so the Prefect UI shows every decision
+between a trial's epochs. A task run must belong to a task (its name, key and tags);
+these are those tasks. They are records only: calling one raises.
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from pipetune.study import Study
-from pipetune.tuner import GroundTruthMatch, TuningDecision
+_RECORD_ONLY = ("a record of what the study engine did (pipetune.events); the engine "
+                "makes this decision itself")
 
 
 @task(
@@ -21,9 +23,9 @@ from pipetune.tuner import GroundTruthMatch, TuningDecision
     cache_policy=NO_CACHE,
     persist_result=False,
 )
-def lookup_groundtruth(study: Study, trial_id: int) -> GroundTruthMatch:
-    """Match the trial's epoch-1 profile against the ground truth's clusters."""
-    return study.lookup(trial_id)
+def lookup_groundtruth(trial_id: int) -> None:
+    """The trial's epoch-1 profile matched against the ground truth's clusters."""
+    raise RuntimeError(_RECORD_ONLY)
 
 
 @task(
@@ -32,6 +34,6 @@ def lookup_groundtruth(study: Study, trial_id: int) -> GroundTruthMatch:
     cache_policy=NO_CACHE,
     persist_result=False,
 )
-def decide_system(study: Study, trial_id: int, epoch: int) -> TuningDecision:
+def decide_system(trial_id: int, epoch: int) -> None:
     """The system tuner's choice of config (and phase) for the trial's next epoch."""
-    return study.decide(trial_id)
+    raise RuntimeError(_RECORD_ONLY)

@@ -8,6 +8,7 @@ from known import synthetic_job
 
 from pipetune.backends import EpochBackend, EpochOutcome, LocalBackend
 from pipetune.checkpoints import CheckpointStore
+from pipetune.events import Decided, EpochFinished, Stepped, StudyEvent
 from pipetune.spec import JobSpec
 from pipetune.study import Study, StudyStuck
 from pipetune.system.config import MachineInfo, SystemConfig
@@ -51,15 +52,50 @@ def test_run_drives_every_planned_epoch_on_any_backend(tmp_path):
 def test_on_result_sees_an_epoch_before_the_policies_run(tmp_path):
     s = study(tmp_path)
     seen: list[int] = []
+    heard: list[StudyEvent] = []
+    planned = s.decide
 
-    def failing_decide(trial_id: int, epoch: int):
-        assert epoch in seen  # recorded first
+    def failing_decide(trial_id: int):
+        if not s.trials[trial_id].results:  # the trial's first epoch is planned at its start
+            return planned(trial_id)
+        assert s.trials[trial_id].results[-1].epoch in seen  # recorded first
         raise RuntimeError("policy broke")
 
+    s.decide = failing_decide
+    s.observe(heard.append)
     with pytest.raises(RuntimeError, match="policy broke"):
-        s.run(LocalBackend(), on_result=lambda trial, r: seen.append(r.epoch),
-              decide=failing_decide)
+        s.run(LocalBackend(), on_result=lambda trial, r: seen.append(r.epoch))
     assert seen == [1]
+    # Observers heard the epoch, then the decision that raised (a failed span).
+    finished = next(i for i, e in enumerate(heard) if isinstance(e, EpochFinished))
+    failed = [e for e in heard if isinstance(e, Decided)]
+    assert len(failed) == 1 and failed[0].error == "RuntimeError: policy broke"
+    assert heard.index(failed[0]) > finished and not failed[0].journaled
+
+
+def test_observers_hear_every_event_in_order_and_the_journal_keeps_the_replayed_kinds(
+        tmp_path):
+    """The engine's events, in the order things happened; the journal (an observer)
+    appends exactly the kinds a resume replays."""
+    from pipetune.journal import StudyJournal
+
+    journal = StudyJournal(tmp_path / "studies", "engine").create()
+    s = Study(study(tmp_path).spec, study_id="engine", checkpoints=CheckpointStore(tmp_path / "ck"),
+              core_budget=2, machine=MACHINE, journal=journal)
+    heard: list[StudyEvent] = []
+    s.observe(heard.append)
+    s.run(LocalBackend())
+    kinds = [type(e).__name__ for e in heard]
+    assert kinds.count("TrialStarted") == 2 and kinds.count("TrialEnded") == 2
+    assert kinds.count("EpochSent") == kinds.count("EpochFinished") == 6
+    for trial_id in (0, 1):
+        mine = [type(e).__name__ for e in heard if e.trial_id == trial_id]
+        assert mine[:2] == ["TrialStarted", "EpochSent"] and mine[-1] == "TrialEnded"
+        assert mine.index("EpochFinished") < mine.index("Decided")
+    assert isinstance(heard[-1], Stepped) and heard[-1].study is s
+    journaled = [e.journal_kind for e in heard if e.journaled]
+    assert [e.kind for e in journal.events()] == journaled
+    assert set(journaled) == {"start", "result", "decision"}
 
 
 def test_a_backend_with_nothing_to_run_is_reported_stuck(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 from known import process_cluster, synthetic_job
 
 from pipetune.errors import BrokenWorkload
+from pipetune.events import EpochFinished
 from pipetune.session import StudyOptions, open_study
 from pipetune.spec import JobSpec
 
@@ -71,12 +72,12 @@ def test_a_stopped_study_resumes_through_the_same_door(tmp_path, cluster):
     class Stop(KeyboardInterrupt):
         pass
 
-    def stop_after_first_epoch(study):
-        if any(t.results for t in study.trials.values()):
+    def stop_after_first_epoch(event):
+        if isinstance(event, EpochFinished):
             raise Stop
 
     with pytest.raises(Stop):
-        first.run(first.dask_backend(), on_progress=stop_after_first_epoch)
+        first.run(first.dask_backend(), observers=[stop_after_first_epoch])
     assert first.journal.header()["status"] == "stopped"
     again = open_study(spec, options(tmp_path, cluster, resume=first.study_id))
     assert again.study_id == first.study_id and again.study.resumed_epochs >= 1

@@ -240,27 +240,23 @@ def _run_study_flow(args: argparse.Namespace, startup: _BackgroundStartup, serve
     """The study flow on the checked job, under the live table; its summary."""
     from flows.study import flow_settings, study_flow
     from pipetune.cli._console import quiet_flow_tracebacks
-    from pipetune.progress import add_listener, remove_listener
+    from pipetune.session import observing
 
     spec = startup.spec
     display = _LiveDisplay(spec.search.trials, spec.objective.metric)
-    add_listener(display.update)
-    try:
-        # A refusal inside the flow: the one `error:` line, no engine traceback;
-        # a space value no worker can run: one `warning:` line.
-        with display, _as_stopped(), flow_settings(own_server=server is not None), \
-                quiet_flow_tracebacks():
-            return study_flow(
-                job=spec,  # checked once, at check_job; not again in the flow
-                tracking_uri=startup.tracking_uri,
-                checkpoint_root=args.checkpoints,
-                keep_checkpoints=args.keep_checkpoints,
-                core_budget=startup.core_budget,
-                dask_address=args.dask_address,
-                resume=args.resume,
-            )
-    finally:
-        remove_listener(display.update)
+    # A refusal inside the flow: the one `error:` line, no engine traceback;
+    # a space value no worker can run: one `warning:` line.
+    with display, observing(display.observe), _as_stopped(), \
+            flow_settings(own_server=server is not None), quiet_flow_tracebacks():
+        return study_flow(
+            job=spec,  # checked once, at check_job; not again in the flow
+            tracking_uri=startup.tracking_uri,
+            checkpoint_root=args.checkpoints,
+            keep_checkpoints=args.keep_checkpoints,
+            core_budget=startup.core_budget,
+            dask_address=args.dask_address,
+            resume=args.resume,
+        )
 
 
 _final_collections_skipped = False
@@ -337,6 +333,13 @@ class _LiveDisplay:
                 # its last line: end it, as rich does on a terminal, so what is printed
                 # next (the final table's title) starts on a line of its own.
                 self._live.console.line()
+
+    def observe(self, event) -> None:
+        """A study observer (:mod:`pipetune.events`): redraw after every step."""
+        from pipetune.events import Stepped
+
+        if isinstance(event, Stepped):
+            self.update(event.study)
 
     def update(self, study) -> None:
         if self._live is None:
