@@ -92,6 +92,25 @@ class StudyOptions:
     runner_id: str = ""
 
 
+def check_study(spec: JobSpec, options: StudyOptions) -> None:
+    """The refusals that need no cluster, no server and no record, in one place: a study
+    to resume must exist, a ground truth must read, a scheduler address must be one
+    pipetune connects to. :func:`open_study` makes them first; a caller with servers to
+    start (``pipetune tune``) makes them before it starts any, so a refusal costs
+    nothing (exit 2, nothing recorded)."""
+    from pipetune.dask.address import check_scheduler_address
+    from pipetune.groundtruth import GroundTruth
+    from pipetune.journal import find_study, studies_root
+
+    if options.resume:
+        find_study(studies_root(), options.resume, spec.name)
+    elif spec.pipetune.enabled:
+        GroundTruth(options.groundtruth_path,
+                    **spec.pipetune.similarity.model_dump()).check()
+    if options.dask_address:
+        check_scheduler_address(options.dask_address, field="dask_address")
+
+
 def open_study(spec: JobSpec, options: StudyOptions, *, policy: Any = None,
                log: logging.Logger | logging.LoggerAdapter | None = None) -> OpenedStudy:
     """Everything before a study's first epoch (the module docstring lists it).
@@ -121,6 +140,7 @@ def open_study(spec: JobSpec, options: StudyOptions, *, policy: Any = None,
     from pipetune.tracking import StudyTracker, default_tracking_uri
 
     log = log or logging.getLogger("pipetune.study")
+    check_study(spec, options)
     tracking_uri, checkpoint_root = options.tracking_uri, options.checkpoint_root
     groundtruth_path = options.groundtruth_path
     resumed: dict[str, Any] = {}
@@ -140,12 +160,12 @@ def open_study(spec: JobSpec, options: StudyOptions, *, policy: Any = None,
         checkpoint_root = checkpoint_root or default_checkpoint_root()
     # The constructor takes the similarity section's fields by name: one rule, no copy.
     ground_truth = GroundTruth(groundtruth_path, **spec.pipetune.similarity.model_dump())
-    # Refusals before anything is recorded: a corrupt ground truth, a system space
-    # the cluster's workers cannot run.
-    if spec.pipetune.enabled:
+    # Refusals before anything is recorded: a resumed study's corrupt ground truth (a
+    # new study's was checked above), a system space the cluster's workers cannot run.
+    if spec.pipetune.enabled and options.resume:
         ground_truth.check()
     dask_address = options.dask_address or default_address()  # a team stack's worker sets it
-    if dask_address:
+    if dask_address and not options.dask_address:
         check_scheduler_address(dask_address, field="dask_address")
     client = client_for(dask_address)
     # What one epoch can claim (the largest worker's cores): the tuner never picks more;
@@ -370,5 +390,5 @@ def evaluate_best(study: Study, backend: EpochBackend) -> dict[str, float]:
     return {f"best_checkpoint_{k}": v for k, v in metrics.items()}
 
 
-__all__ = ["NOTICE", "NOTICE_ATTR", "OpenedStudy", "StudyOptions", "evaluate_best", "observing",
-           "open_study"]
+__all__ = ["NOTICE", "NOTICE_ATTR", "OpenedStudy", "StudyOptions", "check_study",
+           "evaluate_best", "observing", "open_study"]

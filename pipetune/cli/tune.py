@@ -169,6 +169,7 @@ class _BackgroundStartup:
         self.overlap_startup()
 
     def check_job(self) -> None:
+        from pipetune.session import StudyOptions, check_study
         from pipetune.spec import load_spec
         from pipetune.tracking import default_tracking_uri, ensure_experiment_in_recorder
 
@@ -176,14 +177,9 @@ class _BackgroundStartup:
         spec = load_spec(args.job).with_overrides(
             trials=args.trials, pipetune_enabled=False if args.no_pipetune else None
         )
-        if args.resume:  # before anything starts: a study to resume must exist
-            from pipetune.journal import find_study, studies_root
-
-            find_study(studies_root(), args.resume, spec.name)
-        elif spec.pipetune.enabled:  # a corrupt ground truth: one line now, not a failed flow
-            from pipetune.groundtruth import GroundTruth
-
-            GroundTruth(None).check()
+        # Before anything starts (one line, exit 2): the study to resume must exist, the
+        # ground truth read; the same checks open_study makes, from the same function.
+        check_study(spec, StudyOptions(resume=args.resume))
         self.marks.mark("job checked")
         self.spec = spec
         self.tracking_uri = args.tracking_uri or default_tracking_uri()
