@@ -13,18 +13,19 @@ Layout, under ``$PIPETUNE_HOME/studies/<study_id>/``:
 - ``study.json``: the header: job (as a dict), status (``running``, ``finished``,
   ``failed``, ``stopped``), MLflow parent run id, Prefect flow run id, stores used;
 - ``events.jsonl``: one JSON object per line, ``{"seq", "kind", "trial", "data"}``,
-  ``data`` the event's pickled payload (base64). A line cut short by a crash is the
-  last one and is ignored. ``broken`` (the study stopped on a broken workload) is not
-  replayed: a resumed study goes on;
+  ``data`` the event's payload as plain JSON (:mod:`pipetune.jsondata`): a trial's
+  params, an epoch's result, a ground-truth match, a tuning decision. Read back, each
+  payload is checked against its type, field by field; nothing is unpickled (a journal
+  of the old format, base64 pickles, is refused: ``journal_format`` in the header
+  says which). A line cut short by a crash is the last one and is ignored. ``broken``
+  (the study stopped on a broken workload) is not replayed: a resumed study goes on;
 - ``failures/trial-T-epoch-E.txt``: the whole traceback of each epoch that raised.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-import pickle
 import threading
 import time
 from collections.abc import Iterator
@@ -33,13 +34,30 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipetune.errors import PipetuneError
+from pipetune.jsondata import DataError, from_data, to_data
+from pipetune.runner import EpochResult
+from pipetune.states import GroundTruthMatch
+from pipetune.tuner import TuningDecision
 
 if TYPE_CHECKING:
     from pipetune.events import StudyEvent
 
 #: Header states ``--resume`` without a study id picks from (``finished`` is the other).
 UNFINISHED = ("running", "stopped", "failed")
-KINDS = ("start", "result", "failed", "match", "decision", "unconfirmed", "broken")
+#: Each event kind and the type its payload is read back as.
+PAYLOADS: dict[str, Any] = {
+    "start": dict[str, Any],
+    "result": EpochResult,
+    "failed": tuple[int, str, str | None],
+    "match": GroundTruthMatch,
+    "decision": TuningDecision,
+    "unconfirmed": str,
+    "broken": str,
+}
+KINDS = tuple(PAYLOADS)
+#: The header's ``journal_format`` of a journal of JSON payloads (a header without it
+#: belongs to a journal of pickled payloads, which is never read).
+JOURNAL_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -83,7 +101,8 @@ class StudyJournal:
     def create(self, **header: Any) -> StudyJournal:
         self.folder.mkdir(parents=True, exist_ok=True)
         self._write_header({"study_id": self.study_id, "status": "running",
-                            "created": time.time(), **header})
+                            "created": time.time(), "journal_format": JOURNAL_FORMAT,
+                            **header})
         return self
 
     def header(self) -> dict[str, Any]:
@@ -107,14 +126,14 @@ class StudyJournal:
         """Append one event; it is on disk (in the OS's hands) when this returns."""
         if kind not in KINDS:
             raise ValueError(f"unknown journal event {kind!r}")
-        payload = base64.b64encode(pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL))
+        payload = to_data(data)
         with self._lock:
             if self._fh is None:
                 self._open_for_append()
             self._seq += 1
             line = json.dumps({"seq": self._seq, "kind": kind, "trial": trial,
-                               "data": payload.decode("ascii")})
-            self._fh.write(line.encode("ascii") + b"\n")
+                               "data": payload}, ensure_ascii=False)
+            self._fh.write(line.encode("utf-8") + b"\n")
             self._fh.flush()
 
     def observe(self, event: StudyEvent) -> None:
@@ -157,21 +176,45 @@ class StudyJournal:
             yield from fh
 
     def events(self) -> list[Event]:
-        """Every complete event, in order (a torn last line, from a crash, is dropped)."""
+        """Every complete event, in order, each payload checked against its kind's type
+        (a torn last line, from a crash, is dropped). A journal of the old format
+        (pickled payloads) is refused, never unpickled."""
         lines = list(self._lines())
+        if lines:
+            self.check_format()
         out: list[Event] = []
         for i, line in enumerate(lines):
             try:
-                raw = json.loads(line)
-                data = pickle.loads(base64.b64decode(raw["data"]))  # noqa: S301 - our own file
-                out.append(Event(int(raw["seq"]), str(raw["kind"]), int(raw["trial"]), data))
-            except Exception as exc:  # noqa: BLE001
-                if i == len(lines) - 1:  # cut short by a crash while writing it
+                out.append(self._event(line))
+            except (ValueError, KeyError, TypeError) as exc:
+                if i == len(lines) - 1 and not line.endswith("\n"):  # torn by a crash
                     break
+                why = str(exc) if isinstance(exc, DataError) else type(exc).__name__
                 raise JournalError(
                     f"study {self.study_id}: {self.events_path} line {i + 1} is corrupt "
-                    f"({type(exc).__name__}); the study cannot be resumed") from None
+                    f"({why}); the study cannot be resumed") from None
         return out
+
+    def check_format(self) -> None:
+        """Refuse a journal of the old format (pickled events: a file that could run
+        code when read), which pipetune no longer reads."""
+        if self.header().get("journal_format") != JOURNAL_FORMAT and self.events_path.exists():
+            raise JournalError(
+                f"study {self.study_id}: its journal {self.events_path} is in the old "
+                "format (pickled events, which pipetune no longer reads: a file that could "
+                "run code when read); it cannot be resumed: start the study again")
+
+    @staticmethod
+    def _event(line: str) -> Event:
+        raw = json.loads(line)
+        if not isinstance(raw, dict):
+            raise DataError("an event is a JSON object")
+        kind = from_data(str, raw.get("kind"), "kind")
+        if kind not in PAYLOADS:
+            raise DataError(f"kind: {kind!r} is not one of {', '.join(KINDS)}")
+        return Event(from_data(int, raw.get("seq"), "seq"), kind,
+                     from_data(int, raw.get("trial"), "trial"),
+                     from_data(PAYLOADS[kind], raw.get("data"), kind))
 
 
 def find_study(root: str | Path, wanted: str | None, job_name: str | None = None) -> StudyJournal:

@@ -103,7 +103,7 @@ def check_study(spec: JobSpec, options: StudyOptions) -> None:
     from pipetune.journal import find_study, studies_root
 
     if options.resume:
-        find_study(studies_root(), options.resume, spec.name)
+        find_study(studies_root(), options.resume, spec.name).check_format()
     elif spec.pipetune.enabled:
         GroundTruth(options.groundtruth_path,
                     **spec.pipetune.similarity.model_dump()).check()
