@@ -14,6 +14,7 @@ import json
 import logging
 import multiprocessing
 import os
+import pickle
 import signal
 import socket
 import threading
@@ -90,20 +91,23 @@ def _write(url: str, who: str, out: str, start, stop) -> None:
     while not stop.is_set():
         t0 = time.time()
         gt.record(noisy(CONV_JOB, len(spans)), 32, "time", CORES2, 0.01, job=who,
-                  trial=str(len(spans)))
+                  trial=str(len(spans)), job_key="conv")
         spans.append((t0, time.time()))
         time.sleep(0.05)
     Path(out).write_text(json.dumps(spans))
 
 
 def _read(url: str, out: str, start, stop) -> None:
-    """Look up and count the records until ``stop``; write down each read's span and count."""
+    """Look up, ask for the known job and count the records until ``stop``; write down
+    each round's span, count and whether both answered."""
     gt = GroundTruth(url)
     start.wait()
     reads = []
     while not stop.is_set():
         t0 = time.time()
         hit = gt.lookup(noisy(CONV_JOB, 0), 32, "time").hit
+        known = gt.known("conv", "time")
+        hit = hit and known is not None and known.config == CORES2
         reads.append((t0, time.time(), len(gt), hit))
         time.sleep(0.05)
     Path(out).write_text(json.dumps(reads))
@@ -263,3 +267,16 @@ def test_a_database_that_does_not_exist_fails_at_once(server, monkeypatch):
     with pytest.raises(GroundTruthError, match='database "no_such_database" does not exist'):
         len(gt)
     assert time.monotonic() - began < 10
+
+
+def test_how_long_it_waits_is_set_by_the_environment_and_travels_with_the_store(
+        monkeypatch, tmp_path):
+    monkeypatch.setenv(RETRY_ENV, "soon")
+    with pytest.raises(GroundTruthError, match=f"{RETRY_ENV}='soon': give a number"):
+        GroundTruth("postgresql://u@127.0.0.1:1/gt")
+    assert len(GroundTruth(f"sqlite:///{tmp_path / 'gt.db'}")) == 0  # a file never waits
+    monkeypatch.setenv(RETRY_ENV, "5")
+    gt = GroundTruth("postgresql://u@127.0.0.1:1/gt")
+    monkeypatch.delenv(RETRY_ENV)
+    assert pickle.loads(pickle.dumps(gt))._store.retry_s == 5.0  # a worker waits as long
+    assert GroundTruth("postgresql://u@127.0.0.1:1/gt")._store.retry_s == 60.0

@@ -176,7 +176,7 @@ class SqlStore:
     ``legacy``: a JSON ground-truth file imported once, the first time the store is
     found empty (the default store's predecessor). ``retry_s``: how long a store on a
     database server waits for the server to answer again (default ``RETRY_S``, or
-    ``$PIPETUNE_GROUNDTRUTH_RETRY_S``). Pickles without its engine.
+    ``$PIPETUNE_GROUNDTRUTH_RETRY_S``; 0 for a SQLite file). Pickles without its engine.
     """
 
     lock_path = None  # no lock file: the database serialises writers
@@ -186,7 +186,10 @@ class SqlStore:
                  retry_s: float | None = None) -> None:
         self.url = sql_url(url)
         self.legacy = legacy
-        self.retry_s = retry_budget() if retry_s is None else float(retry_s)
+        if self.is_sqlite:  # a local file: nothing to wait for
+            self.retry_s = 0.0
+        else:
+            self.retry_s = retry_budget() if retry_s is None else float(retry_s)
         self._legacy_checked = legacy is None
         self._engine_obj: Engine | None = None
         self._engine_key: tuple[int, str] | None = None
