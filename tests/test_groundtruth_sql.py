@@ -19,6 +19,7 @@ from pg_server import postgres_server  # noqa: F401  (a fixture)
 from pipetune.errors import GroundTruthError
 from pipetune.groundtruth import GROUNDTRUTH_ENV, GroundTruth, JsonStore
 from pipetune.groundtruth.sql import SqlStore
+from pipetune.groundtruth.sqlschema import RETRY_ENV
 from pipetune.profiler.profile import CLUSTER_FEATURES
 from pipetune.system.config import SystemConfig
 
@@ -253,7 +254,8 @@ def test_locations_it_refuses(location, why):
         GroundTruth(location)
 
 
-def test_a_password_is_never_shown(tmp_path):
+def test_a_password_is_never_shown(tmp_path, monkeypatch):
+    monkeypatch.setenv(RETRY_ENV, "0")  # no waiting for the server to come back
     gt = GroundTruth("postgresql://user:s3cret@127.0.0.1:1/gt")  # nothing listens there
     assert gt.location == "postgresql+psycopg://user:***@127.0.0.1:1/gt"
     assert "s3cret" not in repr(gt)

@@ -13,6 +13,7 @@ from known import CONV_JOB, DENSE_JOB, noisy
 
 from pipetune.cli import main
 from pipetune.groundtruth import GroundTruth
+from pipetune.groundtruth.sqlschema import RETRY_ENV
 from pipetune.system.config import SystemConfig
 
 CORES2 = SystemConfig(cores=2)
@@ -94,7 +95,8 @@ def test_bad_input_is_one_error_line_and_exit_2(tmp_path, capsys):
         assert len(err.splitlines()) == 1 and "pw" not in err
 
 
-def test_an_unreachable_server_is_one_line_without_the_password(tmp_path):
+def test_an_unreachable_server_is_one_line_without_the_password(tmp_path, monkeypatch):
+    monkeypatch.setenv(RETRY_ENV, "0")  # no waiting for it (test_groundtruth_pg_restart.py)
     url = "postgresql://pipetune:hunter2@127.0.0.1:1/gt"  # nothing listens on port 1
     out = pipetune("groundtruth", "list", "--url", url, home=tmp_path)
     assert out.returncode == 2 and "Traceback" not in out.stderr

@@ -16,6 +16,13 @@ exporting the whole table to a JSON backup file.
 The tables and the engines (one per URL per process, ``pool_pre_ping``) are in
 :mod:`pipetune.groundtruth.sqlschema`; the store pickles without its engine. Passwords
 never appear in :attr:`SqlStore.location`, ``repr`` or error messages.
+
+A database server may restart (or a connection break) under a running study: every
+read and write is one transaction, run again whole while the server does not answer,
+for up to :data:`~pipetune.groundtruth.sqlschema.RETRY_S` seconds from the first
+failure, then a one-line :class:`GroundTruthError`. A write whose COMMIT got no answer
+is found again by its token and not written twice (:meth:`SqlStore._transaction`).
+SQLite files are not retried: a local file has no server to wait for.
 """
 
 from __future__ import annotations
@@ -24,13 +31,15 @@ import contextlib
 import json
 import logging
 import os
+import random
 import re
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import exc
@@ -41,12 +50,18 @@ from pipetune.groundtruth.sqlschema import (
     ENGINES,
     ENGINES_LOCK,
     READY,
+    RETRY_ENV,
+    RETRY_S,
+    SQLITE_TABLES,
+    TOKEN_KEEP,
     WRITE,
     already_exists,
     metadata,
     new_engine,
     records_table,
     state_table,
+    transient,
+    writes_table,
 )
 from pipetune.groundtruth.store import (
     FORMAT_VERSION,
@@ -62,6 +77,7 @@ from pipetune.groundtruth.store import (
 from pipetune.home import pipetune_home
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _SCHEMA_LOCK = 0x70697065  # PostgreSQL advisory lock key for creating the schema ("pipe")
 
@@ -93,6 +109,59 @@ def sql_url(location: str | URL) -> URL:
     return url.set(drivername=driver)
 
 
+def retry_budget() -> float:
+    """Seconds to wait for a database server that does not answer: ``RETRY_S``, or
+    ``$PIPETUNE_GROUNDTRUTH_RETRY_S``."""
+    raw = os.environ.get(RETRY_ENV, "").strip()
+    if not raw:
+        return RETRY_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise GroundTruthError(f"{RETRY_ENV}={raw!r}: give a number of seconds, 0 or more")
+    return value
+
+
+class _Waiting:
+    """The waits of one transaction for its database server: backoff from 0.1 s to 2 s
+    (jittered, so many workers do not knock at once), for ``store.retry_s`` seconds
+    from the first failure; then a :class:`GroundTruthError` naming the store."""
+
+    def __init__(self, store: SqlStore) -> None:
+        self.store = store
+        self.since: float | None = None
+        self.tries = 0
+        self.delay = 0.1
+
+    def wait(self, err: exc.DBAPIError) -> None:
+        now = time.monotonic()
+        self.tries += 1
+        store = self.store
+        if self.since is None:
+            self.since = now
+            if store.retry_s > 0:
+                log.warning("ground truth %s: the database did not answer (%s); trying again "
+                            "for up to %.0f s", store.location, store._first_line(err),
+                            store.retry_s)
+        left = self.since + store.retry_s - now
+        if left <= 0:
+            if store.retry_s <= 0:
+                raise store._failure(err) from None
+            raise GroundTruthError(
+                f"{store.location}: the database did not answer for {store.retry_s:g} s "
+                f"({self.tries} tries; {RETRY_ENV} sets how long): "
+                f"{store._first_line(err)}") from None
+        time.sleep(min(left, self.delay * random.uniform(0.5, 1.0)))
+        self.delay = min(self.delay * 2, 2.0)
+
+    def done(self) -> None:
+        if self.since is not None:
+            log.warning("ground truth %s: the database answered again after %.1f s",
+                        self.store.location, time.monotonic() - self.since)
+
+
 @dataclass(frozen=True)
 class _Row:
     id: int
@@ -105,15 +174,22 @@ class SqlStore:
     """The records of one ground truth in the database at ``url``.
 
     ``legacy``: a JSON ground-truth file imported once, the first time the store is
-    found empty (the default store's predecessor). Pickles without its engine.
+    found empty (the default store's predecessor). ``retry_s``: how long a store on a
+    database server waits for the server to answer again (default ``RETRY_S``, or
+    ``$PIPETUNE_GROUNDTRUTH_RETRY_S``; 0 for a SQLite file). Pickles without its engine.
     """
 
     lock_path = None  # no lock file: the database serialises writers
     backup_path = None  # each repair writes its own timestamped backup (Repair.backup)
 
-    def __init__(self, url: str | URL, *, legacy: Path | None = None) -> None:
+    def __init__(self, url: str | URL, *, legacy: Path | None = None,
+                 retry_s: float | None = None) -> None:
         self.url = sql_url(url)
         self.legacy = legacy
+        if self.is_sqlite:  # a local file: nothing to wait for
+            self.retry_s = 0.0
+        else:
+            self.retry_s = retry_budget() if retry_s is None else float(retry_s)
         self._legacy_checked = legacy is None
         self._engine_obj: Engine | None = None
         self._engine_key: tuple[int, str] | None = None
@@ -141,18 +217,15 @@ class SqlStore:
         return self.url.drivername == "sqlite"
 
     # -- connections ----------------------------------------------------------------
-    @contextlib.contextmanager
-    def _errors(self) -> Iterator[None]:
-        """Database errors as one :class:`GroundTruthError` naming the store (masked)."""
-        try:
-            yield
-        except exc.DBAPIError as err:
-            first = str(err.orig).strip().splitlines()[0] if str(err.orig).strip() else ""
-            raise GroundTruthError(f"{self.location}: database error: "
-                                   f"{self._hide(first or type(err.orig).__name__)}") from None
-        except exc.SQLAlchemyError as err:
-            raise GroundTruthError(f"{self.location}: database error: "
-                                   f"{self._hide(str(err))}") from None
+    def _failure(self, err: exc.SQLAlchemyError) -> GroundTruthError:
+        """A database error as one :class:`GroundTruthError` naming the store (masked)."""
+        return GroundTruthError(f"{self.location}: database error: {self._first_line(err)}")
+
+    def _first_line(self, err: exc.SQLAlchemyError) -> str:
+        if isinstance(err, exc.DBAPIError):
+            text = str(err.orig).strip()
+            return self._hide(text.splitlines()[0] if text else type(err.orig).__name__)
+        return self._hide(str(err))
 
     def _hide(self, text: str) -> str:
         """``text`` with the password, wherever it appears, as ``***``."""
@@ -180,48 +253,84 @@ class SqlStore:
         return self._engine_obj
 
     @contextlib.contextmanager
-    def _write_conn(self, engine: Engine, *, lock: bool = True) -> Iterator[Connection]:
-        """One write transaction; the only one at a time on this store when ``lock``."""
+    def _connection(self, engine: Engine, *, write: bool,
+                    lock: bool = True) -> Iterator[Connection]:
+        """One transaction. A write is the only one at a time on this store when ``lock``;
+        a read on a server sees one snapshot for all its statements."""
         with engine.connect() as conn:
-            conn.execution_options(**{WRITE: True})
+            if write:
+                conn.execution_options(**{WRITE: True})
+            elif not self.is_sqlite:
+                conn.execution_options(isolation_level="REPEATABLE READ")
             with conn.begin():
-                if lock and not self.is_sqlite:  # SQLite: BEGIN IMMEDIATE did it
+                if write and lock and not self.is_sqlite:  # SQLite: BEGIN IMMEDIATE did it
                     conn.execute(sa.text(
                         f"LOCK TABLE {records_table.name} IN SHARE ROW EXCLUSIVE MODE"))
                 yield conn
 
-    @contextlib.contextmanager
-    def _writing(self) -> Iterator[Connection]:
-        with self._errors(), self._write_conn(self._engine()) as conn:
-            yield conn
+    def _transaction(self, work: Callable[[Connection], T], *, write: bool) -> T:
+        """``work(conn)`` in one transaction; its result.
 
-    @contextlib.contextmanager
-    def _reading(self) -> Iterator[Connection]:
-        with self._errors(), self._engine().connect() as conn:
-            if not self.is_sqlite:  # one snapshot for every statement of the read
-                conn.execution_options(isolation_level="REPEATABLE READ")
-            with conn.begin():
-                yield conn
+        On a database server, a transaction the server broke off (it restarted, the
+        connection dropped) is run again, whole, until it commits or :attr:`retry_s`
+        seconds have passed since the first failure. A write whose COMMIT got no answer
+        may have landed: its token (:data:`writes_table`) says so, and then it is not
+        written again (the result is the one that attempt computed)."""
+        token = str(uuid.uuid4()) if write and not self.is_sqlite else None
+        waiting = _Waiting(self)
+        sent: list[T] = []  # the result of an attempt whose COMMIT was sent
+        while True:
+            try:
+                with self._connection(self._engine(), write=write) as conn:
+                    if sent and self._landed(conn, token):
+                        result = sent[0]
+                    else:
+                        result = work(conn)
+                        if token is not None:
+                            self._leave_token(conn, token)
+                        sent[:] = [result]
+                waiting.done()
+                return result
+            except exc.DBAPIError as err:
+                if self.is_sqlite or not transient(err):
+                    raise self._failure(err) from None
+                waiting.wait(err)
+            except exc.SQLAlchemyError as err:
+                raise self._failure(err) from None
+
+    @staticmethod
+    def _landed(conn: Connection, token: str | None) -> bool:
+        """Whether the write with ``token`` committed (called under the table lock, so an
+        unfinished transaction that holds it ends first)."""
+        return conn.execute(sa.select(writes_table.c.token)
+                            .where(writes_table.c.token == token)).first() is not None
+
+    @staticmethod
+    def _leave_token(conn: Connection, token: str) -> None:
+        conn.execute(writes_table.delete().where(
+            writes_table.c.at < sa.literal_column(f"now() - interval '{TOKEN_KEEP}'")))
+        conn.execute(writes_table.insert().values(token=token, at=sa.func.now()))
 
     def _create_schema(self, engine: Engine) -> None:
         """The tables and the state row, if missing. Several processes may start at once:
         SQLite serialises them (BEGIN IMMEDIATE), PostgreSQL with an advisory lock, and a
-        process that still loses the race ("already exists") checks again and goes on."""
+        process that still loses the race ("already exists") checks again and goes on.
+        Other database errors are raised as they are (:meth:`_transaction` sorts them)."""
+        tables = list(SQLITE_TABLES) if self.is_sqlite else None
         for attempt in range(5):
             try:
-                with self._write_conn(engine, lock=False) as conn:
+                with self._connection(engine, write=True, lock=False) as conn:
                     if not self.is_sqlite:
                         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"),
                                      {"k": _SCHEMA_LOCK})
-                    metadata.create_all(conn, checkfirst=True)
+                    metadata.create_all(conn, tables=tables, checkfirst=True)
                     if conn.execute(sa.select(state_table.c.id)).first() is None:
                         conn.execute(state_table.insert().values(
                             id=1, generation=0, store_id=str(uuid.uuid4())))
                 return
             except exc.DBAPIError as err:
                 if not already_exists(err) or attempt == 4:
-                    with self._errors():
-                        raise
+                    raise
                 log.debug("ground-truth schema created by another process: %s", err.orig)
 
     # -- reading --------------------------------------------------------------------
@@ -251,14 +360,12 @@ class SqlStore:
     def read(self) -> Records:
         """Every record, in the order written, validated; raises :class:`GroundTruthError`
         naming the first bad row and the repair command."""
-        with self._reading() as conn:
-            return self._valid(self._rows(conn))
+        return self._valid(self._transaction(self._rows, write=False))
 
     def snapshot(self) -> bytes:
         """The store's identity and generation: changes with every write, not on reads."""
-        with self._reading() as conn:
-            store_id, generation = conn.execute(
-                sa.select(state_table.c.store_id, state_table.c.generation)).one()
+        store_id, generation = self._transaction(lambda conn: conn.execute(
+            sa.select(state_table.c.store_id, state_table.c.generation)).one(), write=False)
         return f"{store_id}:{generation}".encode()
 
     def parse(self, raw: bytes) -> Records:
@@ -275,8 +382,7 @@ class SqlStore:
 
     def audit(self) -> StoreReport:
         """Every problem in the store, by row id, without raising for them."""
-        with self._reading() as conn:
-            return self._report(self._rows(conn))
+        return self._report(self._transaction(self._rows, write=False))
 
     # -- writing --------------------------------------------------------------------
     @staticmethod
@@ -295,13 +401,19 @@ class SqlStore:
         """Replace the records with ``change(records)`` in one transaction that holds off
         every other writer: rows ``change`` kept (the same objects, in order) stay, the
         others are deleted, new records are appended. A bad store or a bad new record
-        raises :class:`GroundTruthError` and nothing is written."""
-        with self._writing() as conn:
+        raises :class:`GroundTruthError` and nothing is written.
+
+        On a database server that restarts meanwhile, ``change`` may be called again on
+        the records as they are then (so it must not count on being called once); the
+        change lands once (see :meth:`_transaction`)."""
+
+        def write(conn: Connection) -> None:
             rows = self._rows(conn)
-            before = self._valid(rows)
-            after = change(list(before))
+            after = change(list(self._valid(rows)))
             if self._apply(conn, rows, after):
                 self._bump(conn)
+
+        self._transaction(write, write=True)
 
     def _apply(self, conn: Connection, rows: list[_Row], after: Records) -> bool:
         """Make the table hold ``after``; whether anything changed."""
@@ -341,17 +453,21 @@ class SqlStore:
 
     def clear(self) -> int:
         """Delete every row, valid or not; returns how many there were."""
-        with self._writing() as conn:
+
+        def write(conn: Connection) -> int:
             removed = conn.execute(sa.select(sa.func.count()).select_from(records_table)).scalar()
             if removed:
                 conn.execute(records_table.delete())
                 self._bump(conn)
-        return int(removed or 0)
+            return int(removed or 0)
+
+        return self._transaction(write, write=True)
 
     def repair(self) -> Repair:
         """Keep the valid rows and delete the bad ones, after exporting the whole table
         to a JSON backup (beside a SQLite file; in the pipetune home for a server)."""
-        with self._writing() as conn:
+
+        def write(conn: Connection) -> Repair:
             rows = self._rows(conn)
             found = self._report(rows)
             kept = len(rows) - len(found.bad)
@@ -363,7 +479,9 @@ class SqlStore:
                 conn.execute(records_table.delete().where(
                     records_table.c.id.in_(bad[start:start + 500])))
             self._bump(conn)
-        return Repair(found, kept=kept, backup=backup)
+            return Repair(found, kept=kept, backup=backup)
+
+        return self._transaction(write, write=True)
 
     def _backup(self, rows: list[_Row]) -> Path:
         """Every row as it is, in the ground-truth file format (a row that is not JSON as
@@ -391,22 +509,26 @@ class SqlStore:
         legacy = self.legacy
         if legacy is None or not legacy.is_file():
             return
-        with self._reading() as conn:
-            if self._legacy_done(conn):
-                return
+        if self._transaction(self._legacy_done, write=False):
+            return
         try:
             records = JsonStore(legacy).read()
         except GroundTruthError as err:
             raise GroundTruthError(
                 f"{err}; it is imported into {self.location} once it is valid") from None
-        with self._writing() as conn:
+
+        def write(conn: Connection) -> bool:
             if self._legacy_done(conn):
-                return
+                return False
             self._apply(conn, [], records)
             conn.execute(state_table.update().where(state_table.c.id == 1).values(
                 legacy_import=f"{len(records)} records from {legacy} at "
                               f"{datetime.now(UTC).isoformat(timespec='seconds')}"))
             self._bump(conn)
+            return True
+
+        if not self._transaction(write, write=True):
+            return
         log.info("imported %d ground-truth records from %s into %s (the JSON file is no "
                  "longer read)", len(records), legacy, self.location)
 

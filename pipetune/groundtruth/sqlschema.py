@@ -5,6 +5,12 @@ is turned off on "connect" and the "begin" event emits ``BEGIN IMMEDIATE`` for a
 transaction (the execution option :data:`WRITE`) and a deferred ``BEGIN`` for a read;
 every connection waits up to :data:`BUSY_TIMEOUT_S` for a lock and the file is in WAL
 mode, so readers never wait for a writer.
+
+On a database server, every write also leaves its token (a UUID) in
+``pipetune_groundtruth_writes``, in the same transaction: a writer whose COMMIT got no
+answer (the server restarted, the connection broke) looks for its token before it
+writes again, so a retried write lands exactly once (:mod:`pipetune.groundtruth.sql`).
+Tokens older than :data:`TOKEN_KEEP` are deleted by later writes.
 """
 
 from __future__ import annotations
@@ -26,6 +32,13 @@ BUSY_TIMEOUT_S = 60.0
 #: ``connect_timeout`` says otherwise).
 CONNECT_TIMEOUT_S = 15
 WRITE = "pipetune_write"  # execution option: this transaction writes (BEGIN IMMEDIATE)
+#: Seconds a ground truth on a database server keeps trying while the server does not
+#: answer (restarting, or the connection broke), from the first failure, before it
+#: raises; ``$PIPETUNE_GROUNDTRUTH_RETRY_S`` overrides it (0: no retries).
+RETRY_S = 60.0
+RETRY_ENV = "PIPETUNE_GROUNDTRUTH_RETRY_S"
+#: How long a write's token is kept (far longer than :data:`RETRY_S`).
+TOKEN_KEEP = "1 day"
 
 metadata = sa.MetaData()
 records_table = sa.Table(
@@ -43,6 +56,13 @@ state_table = sa.Table(
     sa.Column("store_id", sa.String(36), nullable=False),
     sa.Column("legacy_import", sa.Text(), nullable=True),
 )
+writes_table = sa.Table(  # database servers only (see the module's docstring)
+    "pipetune_groundtruth_writes", metadata,
+    sa.Column("token", sa.String(36), primary_key=True),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False, index=True),
+)
+#: The tables of a SQLite ground truth (a local file: a COMMIT's answer is never lost).
+SQLITE_TABLES = (records_table, state_table)
 
 # -- engines: one per URL per process (the key: pid and URL); READY: schema checked ------
 
@@ -90,6 +110,30 @@ def _use_wal(cursor: Any) -> None:
             if "locked" not in str(err) or time.monotonic() > deadline:
                 raise
             time.sleep(random.uniform(0.005, 0.05))
+
+
+#: SQLSTATE classes and codes of a server that will answer again: connection exceptions,
+#: shutting down / starting up / in recovery, a transaction rolled back (serialization,
+#: deadlock), too many connections.
+_TRANSIENT_STATES = ("08", "57P", "40", "53")
+#: Words of a connection error that waiting will not mend.
+_PERMANENT_WORDS = ("authentication", "password", "pg_hba.conf", "does not exist",
+                    "permission denied", "invalid dsn", "no such host", "could not translate")
+
+
+def transient(err: exc.DBAPIError) -> bool:
+    """Whether ``err`` (from a database server) is the server being away for a while
+    (restarting, the connection broken) rather than a mistake that waiting won't mend
+    (no such database, a wrong password, bad SQL)."""
+    if err.connection_invalidated:
+        return True
+    if not isinstance(err, (exc.OperationalError, exc.InterfaceError)):
+        return False
+    state = getattr(err.orig, "sqlstate", None)
+    if state:
+        return state.startswith(_TRANSIENT_STATES)
+    text = str(err.orig).lower()
+    return not any(word in text for word in _PERMANENT_WORDS)
 
 
 def already_exists(err: exc.DBAPIError) -> bool:
