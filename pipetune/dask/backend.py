@@ -352,9 +352,14 @@ class DaskBackend(EpochBackend):
 
     def _restart_frozen(self, worker: str) -> None:
         """Restart ``worker`` through its nanny (which kills a stopped process), or remove
-        it from the cluster when it has none; off the driver's loop (seconds)."""
+        it from the cluster when it has none (woken, it finds itself unknown to the
+        scheduler and closes); off the driver's loop (seconds)."""
         try:
-            self.client.restart_workers([worker], timeout=60, raise_for_error=False)
+            info = self.client.scheduler_info(n_workers=-1).get("workers", {})
+            if (info.get(worker) or {}).get("nanny"):
+                self.client.restart_workers([worker], timeout=60, raise_for_error=False)
+            elif worker in info:
+                self.client.run_on_scheduler(_remove_worker, address=worker)
         except Exception as exc:  # noqa: BLE001 - the cluster closing meanwhile
             logger.warning("could not retire frozen worker %s: %s", worker, describe(exc))
 
@@ -524,6 +529,12 @@ def _silent_workers(dask_scheduler: Any, workers: list[str],
         if ws is not None and now - ws.last_seen > bound:
             out[address] = now - ws.last_seen
     return out
+
+
+async def _remove_worker(dask_scheduler: Any, address: str) -> None:
+    """Drop ``address`` from the cluster (run on the scheduler); its tasks are lost."""
+    await dask_scheduler.remove_worker(address=address, close=True,
+                                       stimulus_id=f"pipetune-frozen-{time.time()}")
 
 
 def _allowed_failures(dask_scheduler: Any) -> int:
