@@ -58,3 +58,15 @@ class FreezingWorkload(SyntheticWorkload):
                 os.kill(os.getpid(), signal.SIGSTOP)
                 (marks / "woke-16").write_text(str(time.time()))
         super()._before_epoch(system, steps)
+
+
+class AlwaysFreezingWorkload(SyntheticWorkload):
+    """A trial whose ``hidden`` size is 8 stops with SIGSTOP every worker process that
+    runs its epoch 2 (an epoch that wedges whatever runs it), leaving ``frozen-8-<pid>``."""
+
+    def _before_epoch(self, system: SystemConfig, steps: int) -> None:
+        if self._epoch + 1 == 2 and self.hparams["hidden"] == 8:
+            marks = Path(os.environ["PIPETUNE_KILL_MARKS"])
+            (marks / f"frozen-8-{os.getpid()}").touch()
+            os.kill(os.getpid(), signal.SIGSTOP)
+        super()._before_epoch(system, steps)

@@ -195,3 +195,40 @@ def test_a_frozen_worker_without_a_nanny_is_dropped_and_leaves_when_woken(
     stale_ref = ours.with_name("epoch-002.pt")
     assert stale_ref.exists() and ours.exists()
     assert stale_ref.stat().st_mtime > frozen_at + backend.FROZEN_S - 1  # written woken
+
+
+def test_an_epoch_that_freezes_every_worker_fails_only_its_trial(tmp_path, monkeypatch):
+    """Frozen once, the epoch is resent; frozen again, its trial fails as ``worker
+    froze`` and the study goes on (a shorter bound here, to keep the test short)."""
+    from distributed import Client
+
+    from pipetune.backends import DaskBackend
+
+    marks = _marks(tmp_path, monkeypatch)
+    spec = three_trial_spec("frozen-twice", "AlwaysFreezingWorkload")
+    with process_cluster(n_workers=2, cores=1) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        study = Study(spec, study_id="frozen-twice",
+                      checkpoints=CheckpointStore(tmp_path / "ck"),
+                      core_budget=2, machine=ONE_CORE_WORKERS)
+        backend = DaskBackend(client)
+        backend.FROZEN_S = 5.0
+        try:
+            study.run(backend)
+        finally:
+            pids = [int(p.name.rsplit("-", 1)[1]) for p in marks.glob("frozen-8-*")]
+            for pid in pids:
+                if _alive(pid):
+                    os.kill(pid, signal.SIGCONT)  # never leave a stopped process
+        client.wait_for_workers(2, timeout=60)
+    by_hidden = {t.params["hidden"]: t for t in study.trials.values()}
+    wedged = by_hidden[8]
+    assert wedged.state == "failed" and wedged.epochs_run == 1
+    assert wedged.error.startswith("worker froze: the worker running this epoch sent no "
+                                   "heartbeat for 5 s"), wedged.error
+    assert len(pids) == 2 and len(backend.retired) == 2
+    assert backend.resent == [(wedged.trial_id, 2)]
+    for hidden in (16, 32):
+        trial = by_hidden[hidden]
+        assert trial.state == "completed", (hidden, trial.error)
+        assert [r.epoch for r in trial.results] == [1, 2, 3]

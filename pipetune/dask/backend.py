@@ -485,7 +485,12 @@ class DaskBackend(EpochBackend):
                     remote_release, study_id, trial_id, workers=[home],
                     allow_other_workers=False, pure=False, key=f"release-{uuid.uuid4().hex}"))
         else:
-            self.client.run(remote_release, study_id, None)
+            # Not on a retired worker (a frozen one never answers), nor failing on a
+            # worker that leaves meanwhile: its models and pending writes go with it.
+            live = list(self._workers(fresh=True))
+            if live:
+                self.client.run(remote_release, study_id, None, workers=live,
+                                on_error="return")
 
     def cancel(self) -> None:
         with self._lock:
