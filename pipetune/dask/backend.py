@@ -71,7 +71,7 @@ class DaskBackend(EpochBackend):
     * **a frozen worker** (stopped, swapping, stuck in a call that holds the GIL: its
       heartbeats stop while its connection stays open): a worker running an epoch
       whose last heartbeat the scheduler saw more than :attr:`FROZEN_S` ago (20 s;
-      more on a cluster of over 20 workers, where Dask spaces heartbeats: 10 of its
+      on a cluster of over 200 workers, where Dask spaces heartbeats out, 10 of its
       heartbeat intervals) is retired: its epochs are sent again from their trials'
       last checkpoints (the freeze counts as a death: an epoch that freezes every
       worker it runs on fails its trial as ``worker froze: ...``), it is restarted
