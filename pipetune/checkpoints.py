@@ -17,6 +17,7 @@ import copy
 import io
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -257,6 +258,32 @@ class CheckpointStore:
         for ref in refs:
             storage_for(ref).remove(ref)
         return len(refs)
+
+
+_ATTEMPT = re.compile(r"\.attempt-\d+(?=\.[^./]*$|$)")
+
+
+def attempt_ref(ref: str, attempt: int) -> str:
+    """Where the ``attempt``-th sending of an epoch writes its checkpoint: ``ref`` for the
+    first, ``epoch-002.attempt-2.pt`` for the second, and so on.
+
+    An epoch sent again because its worker froze or was lost writes a file of its own,
+    so the first worker, should it wake up or still be running unseen, cannot overwrite
+    the checkpoint the trial goes on from (the trial's checkpoint is the reference its
+    result carries).
+
+    >>> attempt_ref("/ck/s/trial-001/epoch-002.pt", 2)
+    '/ck/s/trial-001/epoch-002.attempt-2.pt'
+    >>> attempt_ref("/ck/s/trial-001/epoch-002.attempt-2.pt", 3)
+    '/ck/s/trial-001/epoch-002.attempt-3.pt'
+    """
+    base = _ATTEMPT.sub("", ref)
+    if attempt <= 1:
+        return base
+    head, dot, suffix = base.rpartition(".")
+    if not dot or "/" in suffix:
+        return f"{base}.attempt-{attempt}"
+    return f"{head}.attempt-{attempt}.{suffix}"
 
 
 def _snapshot(state: Any) -> Any:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from distributed import fire_and_forget
 
 from pipetune.backends._base import EpochBackend, EpochOutcome, describe
+from pipetune.checkpoints import attempt_ref
 from pipetune.dask.cores import worker_cores
 from pipetune.dask.worker_side import (
     remote_epoch,
@@ -67,6 +68,21 @@ class DaskBackend(EpochBackend):
     * **worker loss**: an epoch whose worker died is sent once more (``retries``;
       none if the scheduler retries itself) from the trial's last checkpoint; dying
       again fails its trial as ``worker died: ...``.
+    * **a frozen worker** (stopped, swapping, stuck in a call that holds the GIL: its
+      heartbeats stop while its connection stays open): a worker running an epoch
+      whose last heartbeat the scheduler saw more than :attr:`FROZEN_S` ago (20 s;
+      on a cluster of over 200 workers, where Dask spaces heartbeats out, 10 of its
+      heartbeat intervals) is retired: its epochs are sent again from their trials'
+      last checkpoints (the freeze counts as a death: an epoch that freezes every
+      worker it runs on fails its trial as ``worker froze: ...``), it is restarted
+      through its nanny (the embedded cluster keeps its worker count) or, without
+      one, removed from the cluster. The driver looks every :attr:`FROZEN_CHECK_S`,
+      so a freeze is acted on within about 22 s of the worker's last heartbeat on the
+      embedded cluster (heartbeats every 0.5 s up to 10 workers). A worker that wakes
+      up afterwards changes nothing: its future was cancelled and its result is not
+      read, and every resent epoch writes its checkpoint to a reference of its own
+      (:func:`pipetune.checkpoints.attempt_ref`), so the late write of the first
+      attempt lands beside the checkpoint the trial goes on from, not over it.
     * **timeouts**: past its ``timeout_s`` (from when it was sent) an epoch fails its
       trial and its worker is restarted; an epoch no worker can run fails at once.
     """
@@ -76,9 +92,16 @@ class DaskBackend(EpochBackend):
     POLL_S = 0.1
     #: How long the driver waits for a cluster with no worker at all.
     NO_WORKER_S = 120.0
+    #: Seconds without a heartbeat after which a worker running an epoch is frozen.
+    FROZEN_S = 20.0
+    #: How often the driver asks the scheduler when each busy worker was last heard.
+    FROZEN_CHECK_S = 1.0
 
     def __init__(self, client: Client, retries: int | None = None):
         self.client = client
+        #: Resends of an epoch whose worker froze: Dask never retries those (the
+        #: driver cancels them), so its ``allowed-failures`` does not count here.
+        self.freeze_retries = EPOCH_RETRIES if retries is None else retries
         if retries is None:
             dask_retries = client.run_on_scheduler(_allowed_failures)
             retries = max(0, EPOCH_RETRIES - dask_retries)
@@ -99,8 +122,13 @@ class DaskBackend(EpochBackend):
         self._no_worker_since: float | None = None
         #: (trial, epoch) -> the worker it was sent to and why, for tests and reports.
         self.placements: dict[tuple[int, int], tuple[str | None, str]] = {}
-        #: (trial, epoch) of every epoch sent again after its worker died.
+        #: (trial, epoch) of every epoch sent again after its worker died or froze.
         self.resent: list[tuple[int, int]] = []
+        #: Workers retired as frozen -> the wall-clock time (``time.time()``) it was done.
+        self.retired: dict[str, float] = {}
+        #: Retired workers still listed by the scheduler, left out of placement.
+        self._retiring: set[str] = set()
+        self._frozen_checked = -math.inf
 
     # -- placement -------------------------------------------------------------------
     def _workers(self, fresh: bool = False) -> dict[str, dict[str, float]]:
@@ -109,6 +137,10 @@ class DaskBackend(EpochBackend):
         now = time.monotonic()
         if fresh or now - self._workers_at > self.WORKERS_TTL_S:
             info = self.client.scheduler_info(n_workers=-1).get("workers", {})
+            # A retired worker stays listed until its restart or removal is through (a
+            # worker coming back later at the same address is a new one).
+            self._retiring &= set(info)
+            info = {a: w for a, w in info.items() if a not in self._retiring}
             self._workers_cache = {addr: dict(w.get("resources") or {})
                                    for addr, w in sorted(info.items())}
             self._threads = {addr: int(w.get("nthreads") or 1) for addr, w in info.items()}
@@ -246,8 +278,7 @@ class DaskBackend(EpochBackend):
                     self._deaths[ident] += 1
                     self._home.pop((task.study_id, task.trial_id), None)
                     if self._deaths[ident] <= self.retries:
-                        self.resent.append((task.trial_id, task.epoch))
-                        self._queue.appendleft(dataclasses.replace(task, cpus=()))
+                        self._again(task)
                         return None
             return EpochOutcome(task, error=self._why(exc, self._deaths[_ident(task)]))
         finally:
@@ -264,6 +295,73 @@ class DaskBackend(EpochBackend):
             if result.address:
                 self._home[(task.study_id, task.trial_id)] = result.address
         return EpochOutcome(task, result=result)
+
+    def _again(self, task: EpochTask) -> None:
+        """Queue ``task`` first, to be sent again after its worker died or froze, with a
+        checkpoint reference of its own (the lost worker may still write the first)."""
+        deaths = self._deaths[_ident(task)]
+        self.resent.append((task.trial_id, task.epoch))
+        self._queue.appendleft(dataclasses.replace(
+            task, cpus=(), checkpoint_out=attempt_ref(task.checkpoint_out, deaths + 1)))
+
+    def _find_frozen(self) -> None:
+        """Retire every worker running an epoch that has not sent a heartbeat for
+        :attr:`FROZEN_S` (asked of the scheduler at most every :attr:`FROZEN_CHECK_S`)."""
+        now = time.monotonic()
+        if now - self._frozen_checked < self.FROZEN_CHECK_S:
+            return
+        self._frozen_checked = now
+        with self._lock:
+            busy = {s.worker for s in self._sent.values() if s.worker} - self._retiring
+        if not busy:
+            return
+        silent = self.client.run_on_scheduler(_silent_workers, workers=sorted(busy),
+                                              frozen_s=self.FROZEN_S)
+        for worker, seconds in sorted(silent.items()):
+            self._retire(worker, seconds)
+
+    def _retire(self, worker: str, silent_s: float) -> None:
+        """Take ``worker`` out of placement, send its epochs again (or fail them past
+        their retries), and restart it through its nanny in the background."""
+        with self._lock:
+            self.retired[worker] = time.time()
+            self._retiring.add(worker)
+            self._workers_at = -math.inf
+            lost = [s for s in self._sent.values() if s.worker == worker]
+            for sent in lost:
+                del self._sent[sent.future.key]
+                self._cpus_in_use.get(_host(worker), set()).difference_update(sent.task.cpus)
+                ident = _ident(sent.task)
+                self._deaths[ident] += 1
+                if self._deaths[ident] <= self.freeze_retries:
+                    self._again(sent.task)
+                else:
+                    self._ready.append(EpochOutcome(sent.task, error=(
+                        f"worker froze: the worker running this epoch sent no heartbeat "
+                        f"for {silent_s:.0f} s, after {self._deaths[ident] - 1} other "
+                        "worker(s) that ran it were lost")))
+            for key in [k for k, home in self._home.items() if home == worker]:
+                del self._home[key]
+        logger.warning("worker %s sent no heartbeat for %.0f s while running %s: retiring "
+                       "it and sending its epochs again", worker, silent_s,
+                       ", ".join(s.task.name for s in lost) or "nothing")
+        if lost:
+            self.client.cancel([s.future for s in lost], force=True)
+        threading.Thread(target=self._restart_frozen, args=(worker,), daemon=True,
+                         name=f"pipetune-retire-{worker}").start()
+
+    def _restart_frozen(self, worker: str) -> None:
+        """Restart ``worker`` through its nanny (which kills a stopped process), or remove
+        it from the cluster when it has none (woken, it finds itself unknown to the
+        scheduler and closes); off the driver's loop (seconds)."""
+        try:
+            info = self.client.scheduler_info(n_workers=-1).get("workers", {})
+            if (info.get(worker) or {}).get("nanny"):
+                self.client.restart_workers([worker], timeout=60, raise_for_error=False)
+            elif worker in info:
+                self.client.run_on_scheduler(_remove_worker, address=worker)
+        except Exception as exc:  # noqa: BLE001 - the cluster closing meanwhile
+            logger.warning("could not retire frozen worker %s: %s", worker, describe(exc))
 
     def _reroute(self) -> None:
         """Queue again every epoch the scheduler cannot place (``no-worker``: sent to a
@@ -343,6 +441,7 @@ class DaskBackend(EpochBackend):
                 for each in done:
                     self._done.put(each)
                 self._time_out()
+                self._find_frozen()
                 self._reroute()
                 continue
             outcome = self._settle(future)
@@ -350,6 +449,7 @@ class DaskBackend(EpochBackend):
                 with self._lock:
                     self._ready.append(outcome)
             self._time_out()
+            self._find_frozen()
 
     # -- the EpochBackend interface ------------------------------------------------------
     def submit(self, task: EpochTask) -> None:
@@ -385,7 +485,12 @@ class DaskBackend(EpochBackend):
                     remote_release, study_id, trial_id, workers=[home],
                     allow_other_workers=False, pure=False, key=f"release-{uuid.uuid4().hex}"))
         else:
-            self.client.run(remote_release, study_id, None)
+            # Not on a retired worker (a frozen one never answers), nor failing on a
+            # worker that leaves meanwhile: its models and pending writes go with it.
+            live = list(self._workers(fresh=True))
+            if live:
+                self.client.run(remote_release, study_id, None, workers=live,
+                                on_error="return")
 
     def cancel(self) -> None:
         with self._lock:
@@ -412,6 +517,29 @@ def _ident(task: EpochTask) -> tuple[str, int, int]:
 def _task_states(dask_scheduler: Any, keys: list[str]) -> dict[str, str]:
     """The scheduler's state of each of ``keys`` still known (run on the scheduler)."""
     return {k: dask_scheduler.tasks[k].state for k in keys if k in dask_scheduler.tasks}
+
+
+def _silent_workers(dask_scheduler: Any, workers: list[str],
+                    frozen_s: float) -> dict[str, float]:
+    """Of ``workers``, those whose last heartbeat is older than ``frozen_s``, or than 10
+    of the heartbeat intervals the scheduler gives its workers, whichever is longer;
+    each with its seconds of silence (run on the scheduler, on its clock)."""
+    from distributed.scheduler import heartbeat_interval
+
+    now = time.time()
+    bound = max(frozen_s, 10 * heartbeat_interval(len(dask_scheduler.workers)))
+    out = {}
+    for address in workers:
+        ws = dask_scheduler.workers.get(address)
+        if ws is not None and now - ws.last_seen > bound:
+            out[address] = now - ws.last_seen
+    return out
+
+
+async def _remove_worker(dask_scheduler: Any, address: str) -> None:
+    """Drop ``address`` from the cluster (run on the scheduler); its tasks are lost."""
+    await dask_scheduler.remove_worker(address=address, close=True,
+                                       stimulus_id=f"pipetune-frozen-{time.time()}")
 
 
 def _allowed_failures(dask_scheduler: Any) -> int:
