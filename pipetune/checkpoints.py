@@ -4,11 +4,15 @@ or MLflow's artifact proxy (:mod:`pipetune.storage`).
 Tasks pass *references* (URL strings), never model bytes, so a retried or resumed
 epoch starts from the last checkpoint wherever it runs.
 
-Writing is off the critical path: :meth:`CheckpointStore.save_async` snapshots the
-state in the caller's thread (a memory copy) and a background thread of the process
-serialises and writes it, so the epoch's result goes back while the bytes travel. A
-reader elsewhere that gets there first waits for the file (:meth:`load`'s
-``wait_s``); a reader in the same process waits for the pending write itself.
+An epoch's result goes back only once its checkpoint is on storage
+(:func:`pipetune.runner.run_epoch`): a store that is full or refuses the write fails
+that epoch with one line naming the file and the OS error
+(:class:`~pipetune.errors.CheckpointWriteError`), instead of a later epoch, a resume or
+the best model's evaluation finding the file missing. :meth:`CheckpointStore.save_async`
+still writes in a background thread for callers that overlap the write with other
+work; a failed background write is raised to the next reader of that checkpoint in the
+process and by :func:`flush_checkpoints`. A reader elsewhere that gets there first
+waits for the file (:meth:`load`'s ``wait_s``).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipetune.errors import PipetuneError
+from pipetune.errors import CheckpointWriteError, PipetuneError, StorageError
 from pipetune.storage import is_local, resolve_location, storage_for
 
 if TYPE_CHECKING:
@@ -55,6 +59,11 @@ class _Writer:
         return future
 
     def _forget(self, ref: str, future: Future) -> None:
+        # A failed write stays pending until :meth:`flush` reports it: a reader of
+        # ``ref`` in this process then gets its error, not a wait for a file that
+        # will never come.
+        if future.exception() is not None:
+            return
         with self._lock:
             if self._pending.get(ref) is future:
                 del self._pending[ref]
@@ -64,11 +73,19 @@ class _Writer:
             return self._pending.get(ref)
 
     def flush(self) -> None:
-        """Wait for every write this process queued; raise the first that failed."""
+        """Wait for every write this process queued; raise the first that failed (the
+        failures are then forgotten)."""
         with self._lock:
-            futures = list(self._pending.values())
-        for future in futures:
-            future.result()
+            futures = list(self._pending.items())
+        failed = None
+        for ref, future in futures:
+            if future.exception() is not None:
+                with self._lock:
+                    if self._pending.get(ref) is future:
+                        del self._pending[ref]
+                failed = failed or future
+        if failed is not None:
+            failed.result()
 
 
 _WRITER = _Writer()
@@ -156,11 +173,21 @@ class CheckpointStore:
 
     @staticmethod
     def write_state(state: dict[str, Any], ref: str) -> None:
+        """Serialise ``state`` and write it at ``ref``. A store that refuses it (no
+        space left, over quota, read-only) raises :class:`CheckpointWriteError`, one
+        line naming the file and the OS error; nothing half-written is left there."""
         import torch
 
         buffer = io.BytesIO()
         torch.save(state, buffer)
-        storage_for(ref).write(ref, buffer.getvalue())
+        try:
+            storage_for(ref).write(ref, buffer.getvalue())
+        except (OSError, StorageError) as e:  # a folder, or MLflow's proxy saying no
+            why = f"[Errno {e.errno}] {e.strerror}" \
+                if isinstance(e, OSError) and e.errno and e.strerror else str(e)
+            raise CheckpointWriteError(
+                f"checkpoint store refused {ref} ({len(buffer.getbuffer())} bytes): "
+                f"{why}") from e
 
     @staticmethod
     def save(workload: Workload, ref: str) -> None:

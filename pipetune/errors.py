@@ -82,6 +82,16 @@ class StorageError(PipetuneError):
     """A checkpoint or artifact location that cannot be used, or refused an operation."""
 
 
+class CheckpointWriteError(StorageError):
+    """A checkpoint store refused an epoch's checkpoint (full, over quota, read-only,
+    gone): the message is one line naming the file and the OS error. The epoch fails
+    with it (its result is not kept: nothing could resume from it), and when trials
+    keep failing this way the study stops (``search.stop_after_failures``), resumable
+    once the store has room. Exit code 1: the study ran and failed."""
+
+    exit_code = 1
+
+
 class GroundTruthError(PipetuneError):
     """The ground-truth store is unreadable or was used wrongly."""
 

@@ -163,8 +163,9 @@ class Unconfirmed(_OfTrial):
 
 @dataclass(frozen=True)
 class Broke(_OfTrial):
-    """Trials kept failing the same way before any epoch finished: the study stops
-    starting trials (``line`` says why, in one line). Journaled, not replayed."""
+    """Trials kept failing the same way before any epoch finished, or the checkpoint
+    store refused trials in a row: the study stops starting trials (``line`` says why,
+    in one line). Journaled, not replayed."""
 
     line: str
     journal_kind: ClassVar[str | None] = "broken"

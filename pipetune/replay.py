@@ -9,17 +9,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from pipetune.errors import CheckpointWriteError
+
 if TYPE_CHECKING:
     from pipetune.journal import Event
+
+
+def store_refused(event: Event) -> bool:
+    """Whether ``event`` is a trial's failure because the checkpoint store refused its
+    checkpoint (:class:`~pipetune.errors.CheckpointWriteError`: full, read-only), not
+    its own fault: a resumed study lets the trial go on from its last checkpoint."""
+    return (event.kind == "failed"
+            and str(event.data[1]).startswith(f"{CheckpointWriteError.__name__}:"))
 
 
 def replayable(
     events: list[Event], checkpoint_exists: Callable[[str], bool]
 ) -> Callable[[Event], bool]:
-    """Which events to replay: all but, for each trial the journal leaves running,
-    its results past the last one whose checkpoint is on storage (and the match and
-    decisions that followed them)."""
-    ended = {e.trial for e in events if e.kind == "failed"}
+    """Which events to replay: all but, for each trial the journal leaves running (or
+    failed only because the store refused its checkpoint), its results past the last
+    one whose checkpoint is on storage (and the match and decisions that followed)."""
+    ended = {e.trial for e in events if e.kind == "failed" and not store_refused(e)}
     results: dict[int, list[Event]] = {}
     for e in events:
         if e.kind == "result":

@@ -2,8 +2,8 @@
 
 :func:`run_epoch` is pure with respect to the study: it takes the trial's model from
 the process's :class:`LiveTrials` (or rebuilds it from the checkpoint reference),
-trains one epoch under a system config while profiling it, evaluates, queues the next
-checkpoint for a background write and returns an :class:`EpochResult`. It never logs
+trains one epoch under a system config while profiling it, evaluates, writes the next
+checkpoint and returns an :class:`EpochResult`. It never logs
 to MLflow and never touches the ground truth.
 """
 
@@ -224,9 +224,10 @@ def _first_build(task: EpochTask) -> bool:
 def run_epoch(task: EpochTask, live: LiveTrials | None = None, address: str = "") -> EpochResult:
     """Train, profile, evaluate and checkpoint one epoch of one trial.
 
-    With ``live`` the model stays in memory for the trial's next epoch, and the
-    checkpoint is written in the background; without it, everything is rebuilt and
-    the checkpoint written before returning (the reference behaviour).
+    With ``live`` the model stays in memory for the trial's next epoch; without it,
+    everything is rebuilt from the checkpoint. Either way the checkpoint is on
+    storage before the result is returned (a store that refuses it fails the epoch
+    with :class:`~pipetune.errors.CheckpointWriteError`).
     """
     from pipetune.checkpoints import CheckpointStore
     from pipetune.profiler import EpochProfiler
@@ -270,11 +271,12 @@ def run_epoch(task: EpochTask, live: LiveTrials | None = None, address: str = ""
         metrics = workload.evaluate(applied)
         eval_s = time.time() - eval_start
     save_start = time.time()
+    # Written before the result goes back: an epoch whose checkpoint a full or refusing
+    # store would not take fails here, naming the store and the OS error, rather than
+    # reported done with a state nothing can resume from.
+    CheckpointStore.save(workload, task.checkpoint_out)
     if live is not None:
-        CheckpointStore.save_async(workload, task.checkpoint_out)
         live.keep(task, workload)
-    else:
-        CheckpointStore.save(workload, task.checkpoint_out)
     checkpoint_s = time.time() - save_start
     return EpochResult(
         trial_id=task.trial_id,

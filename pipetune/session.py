@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pipetune.errors import BrokenWorkload, PipetuneError
+from pipetune.errors import BrokenWorkload, CheckpointWriteError, PipetuneError
 from pipetune.states import TrialState
 
 if TYPE_CHECKING:
@@ -266,6 +266,8 @@ class OpenedStudy:
         started = time.time()
         try:
             study.run(backend)
+            if study.broken is not None and study.broken.store:  # a full store
+                raise CheckpointWriteError(study.broken.line)
             if study.broken is not None:  # trials kept failing the same way: broken code
                 raise BrokenWorkload(f"{study.broken.line} (and traceback.txt on the MLflow "
                                      f"run of trial {study.broken.trial_id})")

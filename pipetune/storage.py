@@ -101,8 +101,15 @@ class FsspecStorage(Storage):
         fs, path = self._fs(url)
         fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         tmp = f"{path}.tmp"
-        with fs.open(tmp, "wb") as fh:
-            fh.write(data)
+        try:
+            with fs.open(tmp, "wb") as fh:
+                fh.write(data)
+        except BaseException:  # a full or refusing store: give back what the try took
+            try:
+                fs.rm(tmp)
+            except OSError:
+                pass
+            raise
         fs.mv(tmp, path)  # readers never see a half-written file
 
     def exists(self, url: str) -> bool:

@@ -23,6 +23,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from pipetune.errors import CheckpointWriteError
 from pipetune.events import (
     Broke,
     Decided,
@@ -38,7 +39,7 @@ from pipetune.events import (
     Unconfirmed,
 )
 from pipetune.journal import JournalError
-from pipetune.replay import replayable
+from pipetune.replay import replayable, store_refused
 from pipetune.reports import StudySummary, study_summary
 from pipetune.runner import EpochFailure, EpochResult, EpochTask
 from pipetune.schedulers import Decision, make_scheduler
@@ -73,12 +74,16 @@ class StudyStuck(RuntimeError):
 
 class Broken:
     """Why a study stopped on a broken workload: ``line`` says it in one line (the
-    workload, the exception and its message, where the whole traceback is)."""
+    workload, the exception and its message, where the whole traceback is). ``store``:
+    it stopped because the checkpoint store refused every trial's checkpoint (full,
+    read-only): not the workload's fault, and resumable once the store has room."""
 
-    def __init__(self, line: str, trial_id: int, traceback_file: str | None):
+    def __init__(self, line: str, trial_id: int, traceback_file: str | None,
+                 store: bool = False):
         self.line = line
         self.trial_id = trial_id
         self.traceback_file = traceback_file
+        self.store = store
 
     def __repr__(self) -> str:
         return f"Broken({self.line!r})"
@@ -153,6 +158,10 @@ class Study:
         #: Failures of this run by kind (:attr:`EpochFailure.kind`), counted until an
         #: epoch of the study finishes.
         self._same_failures: Counter[tuple[str, str]] = Counter()
+        #: Trials failed in a row because the checkpoint store refused their checkpoint
+        #: (:class:`~pipetune.errors.CheckpointWriteError`), since the last epoch that
+        #: finished (whose checkpoint the store took).
+        self._store_refusals = 0
 
     def _probe_core_limit(self, spec: JobSpec) -> int | None:
         """When trials run side by side and their defaults already fill the cores, and
@@ -311,6 +320,7 @@ class Study:
         if (result.trial_id, result.epoch) in self.epoch_times:
             self.epoch_times[(result.trial_id, result.epoch)][2] = time.time()
         trial = self.trials[result.trial_id]
+        self._store_refusals = 0  # the store took this epoch's checkpoint
         trial.results.append(result)
         trial.history.append(self.observation(result))
         self._emit(EpochFinished(trial, result))
@@ -433,6 +443,9 @@ class Study:
 
     def _count_failure(self, trial: Trial, failure: EpochFailure) -> None:
         limit = self.spec.search.failure_limit
+        if failure.type == CheckpointWriteError.__name__:
+            self._count_store_refusal(trial, failure, limit)
+            return
         if not limit or self.broken is not None or self._any_epoch_finished():
             return
         self._same_failures[failure.kind] += 1
@@ -447,10 +460,33 @@ class Study:
             f"{limit}){where}",
             trial.trial_id, trial.traceback_file)
         self._emit(Broke(trial, self.broken.line))
-        # What waits to start never starts; what runs ends when its epoch comes back.
-        # No epoch has finished, so a queued trial never ran: a resumed study starts it.
+        self._stop_queued()
+
+    def _count_store_refusal(self, trial: Trial, failure: EpochFailure, limit: int) -> None:
+        """A full or refusing checkpoint store fails every trial alike, however many
+        epochs finished before it filled up: once ``limit`` trials in a row failed on
+        it, the study stops, resumable when the store has room."""
+        self._store_refusals += 1
+        if not limit or self.broken is not None or self._store_refusals < limit:
+            return
+        n = self._store_refusals
+        self.broken = Broken(
+            f"the checkpoint store refuses checkpoints: {n} {'trial' if n == 1 else 'trials'}"
+            f" in a row failed with {failure.line()} (search.stop_after_failures: {limit});"
+            f" give the store room, then resume the study with --resume {self.study_id}",
+            trial.trial_id, trial.traceback_file, store=True)
+        self._emit(Broke(trial, self.broken.line))
+        self._stop_queued()
+
+    def _stop_queued(self) -> None:
+        """The study is broken: what waits to start never starts; what runs ends when
+        its epoch comes back. A queued trial that never ran is forgotten (a resumed
+        study starts it); one whose next epoch waits stays as it is (a resumed study
+        runs that epoch from its last checkpoint)."""
         for task in self._queue:
-            self.trials.pop(task.trial_id, None)
+            trial = self.trials.get(task.trial_id)
+            if trial is not None and not trial.results:
+                self.trials.pop(task.trial_id, None)
         self._queue.clear()
 
     def needs_lookup(self, trial_id: int) -> bool:
@@ -557,8 +593,11 @@ class Study:
         journal and the ground truth have them). What was running when the study
         stopped is queued again: a trial's interrupted epoch restarts from its last
         checkpoint. A running trial whose newest checkpoints never reached storage
-        (their write was still in the background) gives those epochs back: they run
-        again (:func:`pipetune.replay.replayable`)."""
+        (a journal of a pipetune that wrote them in the background, or a store that
+        lost them) gives those epochs back: they run again
+        (:func:`pipetune.replay.replayable`). A trial that failed because the checkpoint
+        store refused its checkpoint (:func:`pipetune.replay.store_refused`) was not at
+        fault: it goes on from its last checkpoint on storage."""
         if self.trials:
             raise JournalError("replay needs a fresh study")
         keep = replayable(events, checkpoint_exists)
@@ -591,6 +630,8 @@ class Study:
             self._unqueue(event.trial, event.data.epoch)
             self.on_epoch_done(event.data)
             self.resumed_epochs += 1
+        elif event.kind == "failed" and store_refused(event):
+            pass  # the trial goes on: its refused epoch stays queued (or is planned)
         elif event.kind == "failed":  # (epoch, error[, traceback file]): older have 2
             epoch, error, *kept = event.data
             self._unqueue(event.trial, epoch)

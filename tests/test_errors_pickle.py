@@ -26,6 +26,9 @@ SAMPLES = {
     "DatasetError": lambda c: c("file missing"),
     "GroundTruthError": lambda c: c("store corrupt"),
     "StorageError": lambda c: c("PUT http://h/x.pt: HTTP 503"),
+    "CheckpointWriteError": lambda c: c(
+        "checkpoint store refused /ck/s/trial-001/epoch-002.pt (14025 bytes): "
+        "[Errno 28] No space left on device"),
     "JournalError": lambda c: c("line 2 is corrupt"),
     "Stopped": lambda c: c(signal.SIGTERM),
     "StudyStuck": lambda c: c("nothing launchable"),

@@ -300,7 +300,9 @@ class SearchSpec(_Section):
     grid_points: int = Field(3, ge=2)
     #: Stop the study when this many trials fail with the same error (the same
     #: exception raised at the same place) before any epoch of the study has finished:
-    #: the workload's code is broken. ``None``: ``max_concurrent + 1``; ``0``: never.
+    #: the workload's code is broken. Also when this many trials in a row fail because
+    #: the checkpoint store refused their checkpoint (full, read-only), whenever that
+    #: happens. ``None``: ``max_concurrent + 1``; ``0``: never.
     stop_after_failures: int | None = Field(None, ge=0, le=100_000)
 
     @property

@@ -131,9 +131,13 @@ class MlflowSink:
         return self.experiment_id, dict(self._children)
 
     def reopen(self, run_ids: Sequence[str]) -> None:
+        """Trial runs running again (a resumed study): a failure they ended with (the
+        checkpoint store refused them) no longer stands."""
         self.idle()
         for run_id in run_ids:
             self.client.update_run(run_id, status="RUNNING")
+            if "error" in self.client.get_run(run_id).data.tags:
+                self.client.delete_tag(run_id, "error")
 
     def artifact_uri(self) -> str:
         return self.client.get_run(self.parent_run_id).info.artifact_uri

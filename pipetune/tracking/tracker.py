@@ -162,7 +162,8 @@ class StudyTracker:
         self._requested = set(self._children)
 
     def reopen_trials(self, trial_ids: list[int]) -> None:
-        """Trial runs ended KILLED by the stop are running again (their trials go on)."""
+        """Trial runs ended by the stop (KILLED, or FAILED when the checkpoint store
+        refused them) are running again: their trials go on."""
         runs = [self._children[t] for t in trial_ids if t in self._children]
         if runs:
             self._sink.call("reopen", runs)
@@ -289,7 +290,11 @@ class StudyTracker:
         value = trial.last_value(metric)
         if value is not None:
             metrics.append((f"final_{metric}", float(value), trial.epochs_run, now))
-        params = [("phases", phase_runs(trial)[:6000])] if trial.results else []
+        # A trial the checkpoint store refused goes on when the study is resumed: its
+        # phases (a param, written once) are logged when it really ends.
+        refused = trial.failure is not None and trial.failure.type == "CheckpointWriteError"
+        params = [("phases", phase_runs(trial)[:6000])] if trial.results and not refused \
+            else []
         self._sink.send("log", run, metrics, params, tags)
         if trial.results:
             self._sink.send("log_profiles", run, profile_rows(trial))
