@@ -30,6 +30,7 @@ SAMPLES = {
         "checkpoint store refused /ck/s/trial-001/epoch-002.pt (14025 bytes): "
         "[Errno 28] No space left on device"),
     "JournalError": lambda c: c("line 2 is corrupt"),
+    "DataError": lambda c: c("result.phase: 'sideways' is not one of 'profile', ..."),
     "Stopped": lambda c: c(signal.SIGTERM),
     "StudyStuck": lambda c: c("nothing launchable"),
     "SidecarError": lambda c: c("recorder gone"),
