@@ -15,6 +15,7 @@ happen in the recorder process (:mod:`pipetune.sidecar`), never in the loop.
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import time
 import uuid
@@ -32,10 +33,11 @@ class TaskRunSink:
     queued in the order it was sent and written in that order; while the API does not
     answer, writes are tried again after a growing pause (1 s doubling to 15 s) as
     more states arrive, so the ones queued go in, in order, once it answers again. At
-    :meth:`close` the sink waits up to ``catch_up_s`` for the API, then raises
-    :class:`PrefectUnreachable` saying how many states Prefect never got."""
+    :meth:`close` the sink waits up to ``catch_up_s`` (default: ``$PIPETUNE_PREFECT_CATCH_UP_S``,
+    else 10 s) for the API, trying every second, then raises :class:`PrefectUnreachable`
+    saying how many states Prefect never got."""
 
-    def __init__(self, api_url: str, flow_run_id: str, catch_up_s: float = 10.0):
+    def __init__(self, api_url: str, flow_run_id: str, catch_up_s: float | None = None):
         from prefect.client.orchestration import get_client
         from prefect.context import get_settings_context
         from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES
@@ -58,7 +60,8 @@ class TaskRunSink:
         self._api_url = api_url or str(PREFECT_API_URL.value() or "")
         self._flow_run_id = uuid.UUID(flow_run_id)
         self._last: dict[int, uuid.UUID] = {}
-        self.catch_up_s = catch_up_s
+        self.catch_up_s = catch_up_s if catch_up_s is not None else float(
+            os.environ.get("PIPETUNE_PREFECT_CATCH_UP_S") or 10.0)
         self._queued: collections.deque[tuple[str, tuple]] = collections.deque()
         self._pause_s = 0.0
         self._retry_at = 0.0
@@ -133,12 +136,13 @@ class TaskRunSink:
         """Write what is still queued, waiting up to ``catch_up_s`` for the API."""
         deadline = time.monotonic() + self.catch_up_s
         try:
+            self._retry_at = 0.0  # the end: no pause left to wait out, one try a second
             while not self._write_queued():
                 now = time.monotonic()
                 if now >= deadline:
                     break
-                time.sleep(max(0.0, min(self._retry_at, deadline) - now))
-                self._retry_at = min(self._retry_at, deadline)  # a last try at the deadline
+                time.sleep(min(1.0, deadline - now))
+                self._retry_at = 0.0
         finally:
             self._client.__exit__(None, None, None)
         if self._queued:
