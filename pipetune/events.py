@@ -186,6 +186,15 @@ class Stepped(StudyEvent):
     study: Study
 
 
+@dataclass(frozen=True)
+class StudyFinished(StudyEvent):
+    """The study finished (its journal says so); ``summary`` is what
+    :meth:`pipetune.session.OpenedStudy.run` returns. Told before the run returns, so a
+    caller whose orchestrator fails after the study (its API gone) still has it."""
+
+    summary: dict[str, Any]
+
+
 __all__ = [
     "Broke",
     "Decided",
@@ -196,6 +205,7 @@ __all__ = [
     "Observer",
     "Stepped",
     "StudyEvent",
+    "StudyFinished",
     "TrialEnded",
     "TrialStarted",
     "Unconfirmed",

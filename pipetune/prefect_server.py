@@ -22,6 +22,8 @@ from typing import Any
 from pipetune.errors import PipetuneError
 from pipetune.net import free_port
 
+#: Prefect's setting for how many times its clients retry a call.
+_CLIENT_RETRIES = "PREFECT_CLIENT_MAX_RETRIES"
 #: Settings naming the server's database; when the user sets one, it is used as is.
 _DATABASE_SETTINGS = (
     "PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL")
@@ -59,6 +61,10 @@ class LocalPrefectServer:
         self.stop_grace_s = 2.0
         self.process: subprocess.Popen | None = None
         self._db_lock: Any = None
+        #: Called with the exit code if the server dies while in use (not by :meth:`stop`).
+        self.on_lost: Callable[[int], None] | None = None
+        #: The server's exit code once it died while in use; None while it serves.
+        self.lost_code: int | None = None
 
     def start(self) -> LocalPrefectServer:
         """Launch the server and wait until it is healthy."""
@@ -122,12 +128,23 @@ class LocalPrefectServer:
             if healthy(self.api_url):
                 threading.Thread(target=self._warm_up, name="pipetune-prefect-warm-up",
                                  daemon=True).start()
+                threading.Thread(target=self._watch_for_loss, args=(self.process,),
+                                 name="pipetune-prefect-watch", daemon=True).start()
                 return self
             time.sleep(0.1)
         self.stop()
         raise PipetuneError(
             f"the local Prefect server did not become healthy within {self.startup_timeout:.0f} s"
         )
+
+    def _watch_for_loss(self, proc: subprocess.Popen) -> None:
+        """Tell ``on_lost`` if the server dies under its users: killed, out of memory.
+        The watcher it runs under exits with it, so its exit is the server's."""
+        code = proc.wait()
+        if self.process is proc:  # not stopped by us: stop() lets go of it first
+            self.lost_code = code
+            if self.on_lost is not None:
+                self.on_lost(code)
 
     def _warm_up(self) -> None:
         """One API request, now, in the background: the server builds its API routes on
@@ -204,6 +221,13 @@ def prefect_api(
     print(f"starting a local Prefect server on 127.0.0.1 (log: {log_path}) ...", file=sys.stderr)
     server = LocalPrefectServer(log_path=log_path)
     os.environ["PREFECT_API_URL"] = server.api_url
+    # A server on loopback that does not answer is gone (it dies with this command, and
+    # nobody restarts it): Prefect's clients retry each call for ~1 min by default
+    # (5 tries, 2 s doubling), which held the command's end for minutes after a lost
+    # server. One retry (~2 s) here; a value the user set is kept.
+    retries_ours = _CLIENT_RETRIES not in os.environ
+    if retries_ours:
+        os.environ[_CLIENT_RETRIES] = "1"
     try:
         server.launch()
         if on_url is not None:
@@ -217,3 +241,5 @@ def prefect_api(
             on_exit()
         server.stop()
         os.environ.pop("PREFECT_API_URL", None)
+        if retries_ours:
+            os.environ.pop(_CLIENT_RETRIES, None)

@@ -255,7 +255,9 @@ class OpenedStudy:
         resumable; it is raised again (a :class:`PipetuneError` carrying the study's id
         as ``study_id``). ``backend.close`` is called either way. ``observers`` (and
         those of an enclosing :func:`observing`) hear the engine's events
-        (:mod:`pipetune.events`) after the study's own records have."""
+        (:mod:`pipetune.events`) after the study's own records have, and, last, a
+        :class:`~pipetune.events.StudyFinished` with the summary returned here."""
+        from pipetune.events import StudyFinished
         from pipetune.reports import orchestration_overhead, overhead_summary
 
         study, tracker, log = self.study, self.tracker, self.log
@@ -301,10 +303,15 @@ class OpenedStudy:
         try:  # the study is done and in MLflow; a lost side record is not worth failing it
             backend.close()
         except Exception as e:  # noqa: BLE001
-            log.warning("some task-run records were not written: %s", e)
+            log.warning("the task-run record is incomplete: %s (the study finished; MLflow "
+                        "has all of it)", e, extra=NOTICE)
         summary = study.summary()
         self._say_summary(summary, wall_s)
-        return self._summary_dict(summary, started, wall_s, extra, timings)
+        result = self._summary_dict(summary, started, wall_s, extra, timings)
+        finished = StudyFinished(summary=result)
+        for observer in (*observers, *_OBSERVING.get()):
+            observer(finished)
+        return result
 
     # -- what it records, says and returns -------------------------------------------------
     def _record(self, event: StudyEvent) -> None:

@@ -14,6 +14,8 @@ happen in the recorder process (:mod:`pipetune.sidecar`), never in the loop.
 
 from __future__ import annotations
 
+import collections
+import os
 import threading
 import time
 import uuid
@@ -24,24 +26,87 @@ from pipetune.sidecar import Channel, shared_host
 
 
 class TaskRunSink:
-    """In the recorder process: creates and settles the task runs of one flow run."""
+    """In the recorder process: creates and settles the task runs of one flow run.
 
-    def __init__(self, api_url: str, flow_run_id: str):
+    The Prefect API may stop answering mid-study (its server killed, restarting, its
+    network gone): training goes on, so nothing here raises for that. Each state is
+    queued in the order it was sent and written in that order; while the API does not
+    answer, writes are tried again after a growing pause (1 s doubling to 15 s) as
+    more states arrive, so the ones queued go in, in order, once it answers again. At
+    :meth:`close` the sink waits up to ``catch_up_s`` (default: ``$PIPETUNE_PREFECT_CATCH_UP_S``,
+    else 10 s) for the API, trying every second, then raises :class:`PrefectUnreachable`
+    saying how many states Prefect never got."""
+
+    def __init__(self, api_url: str, flow_run_id: str, catch_up_s: float | None = None):
         from prefect.client.orchestration import get_client
-        from prefect.settings import PREFECT_API_URL, temporary_settings
+        from prefect.context import get_settings_context
+        from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES
 
         from tasks.epoch import train_epoch
         from tasks.tuning import decide_system, lookup_groundtruth
 
         self._tasks = {t.name: t for t in (train_epoch, lookup_groundtruth, decide_system)}
-        # This process may have imported Prefect before the study's API was known.
-        with temporary_settings(updates={PREFECT_API_URL: api_url} if api_url else {}):
+        # This process may have imported Prefect before the study's API was known. No
+        # retries inside a call (Prefect's own back off for a minute per call): the
+        # sink backs off itself, between calls, without holding the queue.
+        context = get_settings_context()
+        updates: dict = {PREFECT_CLIENT_MAX_RETRIES: 0}
+        if api_url:
+            updates[PREFECT_API_URL] = api_url
+        self._settings = (context.profile, context.settings.copy_with_update(updates=updates))
+        with self._settings_context():
             self._client = get_client(sync_client=True)
             self._client.__enter__()
+        self._api_url = api_url or str(PREFECT_API_URL.value() or "")
         self._flow_run_id = uuid.UUID(flow_run_id)
         self._last: dict[int, uuid.UUID] = {}
+        self.catch_up_s = catch_up_s if catch_up_s is not None else float(
+            os.environ.get("PIPETUNE_PREFECT_CATCH_UP_S") or 10.0)
+        self._queued: collections.deque[tuple[str, tuple]] = collections.deque()
+        self._pause_s = 0.0
+        self._retry_at = 0.0
+        self._unanswered: BaseException | None = None  # the last reason, while it lasts
+
+    def _settings_context(self):
+        from prefect.context import SettingsContext
+
+        profile, settings = self._settings
+        return SettingsContext(profile=profile, settings=settings)
 
     def start(self, run_id: str, task: str, name: str, trial_id: int, at: float) -> None:
+        self._queued.append(("_create", (run_id, task, name, trial_id, at)))
+        self._write_queued()
+
+    def finish(self, run_id: str, at: float, error: str | None = None,
+               cancelled: bool = False) -> None:
+        self._queued.append(("_settle", (run_id, at, error, cancelled)))
+        self._write_queued()
+
+    def idle(self) -> None:
+        self._write_queued()
+
+    def _write_queued(self) -> bool:
+        """Write what is queued, in order, unless the API is in a pause; whether all is."""
+        if self._queued and time.monotonic() < self._retry_at:
+            return False
+        while self._queued:
+            method, args = self._queued[0]
+            try:
+                with self._settings_context():
+                    getattr(self, method)(*args)
+            except Exception as e:
+                if not _unanswered(e):
+                    self._queued.popleft()  # a refusal: said once, never retried
+                    raise
+                self._unanswered = e
+                self._pause_s = min(15.0, max(1.0, self._pause_s * 2))
+                self._retry_at = time.monotonic() + self._pause_s
+                return False
+            self._queued.popleft()
+            self._pause_s, self._unanswered = 0.0, None
+        return True
+
+    def _create(self, run_id: str, task: str, name: str, trial_id: int, at: float) -> None:
         from prefect.client.schemas.objects import TaskRunResult
         from prefect.states import Running
 
@@ -55,8 +120,7 @@ class TaskRunSink:
         )
         self._last[trial_id] = rid
 
-    def finish(self, run_id: str, at: float, error: str | None = None,
-               cancelled: bool = False) -> None:
+    def _settle(self, run_id: str, at: float, error: str | None, cancelled: bool) -> None:
         from prefect.states import Cancelled, Completed, Failed
 
         when = _when(at)
@@ -69,7 +133,39 @@ class TaskRunSink:
         self._client.set_task_run_state(uuid.UUID(run_id), state, force=True)
 
     def close(self) -> None:
-        self._client.__exit__(None, None, None)
+        """Write what is still queued, waiting up to ``catch_up_s`` for the API."""
+        deadline = time.monotonic() + self.catch_up_s
+        try:
+            self._retry_at = 0.0  # the end: no pause left to wait out, one try a second
+            while not self._write_queued():
+                now = time.monotonic()
+                if now >= deadline:
+                    break
+                time.sleep(min(1.0, deadline - now))
+                self._retry_at = 0.0
+        finally:
+            self._client.__exit__(None, None, None)
+        if self._queued:
+            e = self._unanswered
+            raise PrefectUnreachable(
+                f"the Prefect API at {self._api_url} stopped answering "
+                f"({type(e).__name__}: {e}): {len(self._queued)} task-run state(s) of "
+                f"flow run {self._flow_run_id} are not recorded there")
+
+
+class PrefectUnreachable(RuntimeError):
+    """The Prefect API did not answer: some task-run states were never written."""
+
+
+def _unanswered(error: BaseException) -> bool:
+    """Whether ``error`` means the API did not answer (down, restarting, unreachable,
+    overloaded), as opposed to refusing the call."""
+    import httpx
+
+    if isinstance(error, httpx.TransportError):
+        return True
+    response = getattr(error, "response", None)
+    return getattr(response, "status_code", 0) in (502, 503, 504)
 
 
 def _when(at: float) -> datetime:

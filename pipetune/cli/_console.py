@@ -24,12 +24,39 @@ from pipetune.session import NOTICE_ATTR  # a notice line's log-record attribute
 _RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
 
 
+def api_unreachable(error: BaseException | None) -> bool:
+    """Whether ``error`` (or what caused it) says an HTTP API did not answer: refused,
+    reset, timed out, or a 502/503/504 from a proxy in front of it."""
+    seen = 0
+    while error is not None and seen < 10:
+        names = {f"{c.__module__}.{c.__name__}" for c in type(error).__mro__}
+        if {"httpx.TransportError", "httpcore.NetworkError", "httpcore.TimeoutException"} \
+                & names:
+            return True
+        status = getattr(getattr(error, "response", None), "status_code", 0)
+        if status in (502, 503, 504):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
+class FlowConsole:
+    """What :func:`quiet_flow_tracebacks` yields: the notices printed so far, and a
+    switch the caller sets once the study has finished (then the flow engine's report
+    of an API that no longer answers stays off the console: the caller says it once)."""
+
+    def __init__(self) -> None:
+        self.notices: list[str] = []
+        self.study_finished = False
+
+
 class _QuietFlowConsole(logging.Filter):
     """Drops, from a console handler, the records the CLI shows its own way."""
 
-    def __init__(self) -> None:
+    def __init__(self, console: FlowConsole) -> None:
         super().__init__("pipetune-quiet-flow-console")
         self._refusals: list[str] = []
+        self._console = console
 
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, NOTICE_ATTR, None):
@@ -39,6 +66,9 @@ class _QuietFlowConsole(logging.Filter):
         error = record.exc_info[1] if record.exc_info else None
         if isinstance(error, PipetuneError):
             self._refusals.append(str(error))
+            return False
+        if self._console.study_finished and (
+                api_unreachable(error) or record.getMessage().startswith("Finished in state")):
             return False
         # Prefect's closing line repeats the refusal: "Finished in state Failed('Flow run
         # encountered an exception: SystemConfigError: ...')".
@@ -53,11 +83,16 @@ class _QuietFlowConsole(logging.Filter):
 class _NoticeHandler(logging.Handler):
     """Prints a flow's notices as the CLI's own lines on stderr."""
 
+    def __init__(self, console: FlowConsole) -> None:
+        super().__init__()
+        self._console = console
+
     def emit(self, record: logging.LogRecord) -> None:
         prefix = getattr(record, NOTICE_ATTR, None)
         if not prefix:
             return
         try:
+            self._console.notices.append(record.getMessage())
             print(f"{prefix}: {record.getMessage()}", file=sys.stderr, flush=True)
         except Exception:  # noqa: BLE001 - a closed stderr must not fail the flow
             self.handleError(record)
@@ -79,7 +114,7 @@ def _console_handlers() -> list[logging.Handler]:
 
 
 @contextlib.contextmanager
-def quiet_flow_tracebacks() -> Iterator[None]:
+def quiet_flow_tracebacks() -> Iterator[FlowConsole]:
     """While a flow runs in this process: a :class:`~pipetune.errors.PipetuneError`
     it raises leaves no traceback on the console (the CLI prints it as one line), and
     its notices print as ``warning: ...`` lines. Prefect's logs to its API keep both.
@@ -87,15 +122,16 @@ def quiet_flow_tracebacks() -> Iterator[None]:
     >>> with quiet_flow_tracebacks():                     # doctest: +SKIP
     ...     study_flow(job=spec)
     """
-    quiet = _QuietFlowConsole()  # Prefect set its handlers up when the flow was imported
+    console = FlowConsole()
+    quiet = _QuietFlowConsole(console)  # Prefect set its handlers up at the flow's import
     handlers = _console_handlers()
     for handler in handlers:
         handler.addFilter(quiet)
-    notices = _NoticeHandler()
+    notices = _NoticeHandler(console)
     run_logger = logging.getLogger("prefect.flow_runs")
     run_logger.addHandler(notices)
     try:
-        yield
+        yield console
     finally:
         run_logger.removeHandler(notices)
         for handler in handlers:

@@ -129,6 +129,8 @@ def _run_tune(args: argparse.Namespace) -> int:
         with prefect_api(pipetune_home() / "prefect-server.log",
                          before_wait=startup.check_then_start,
                          on_exit=startup.close_cluster) as server:
+            if server is not None:
+                server.on_lost = _quiet_lost_server
             startup_marks.mark("Prefect server ready")
             startup.wait_ready()
             startup_marks.mark("all ready")
@@ -233,26 +235,70 @@ class _BackgroundStartup:
 
 
 def _run_study_flow(args: argparse.Namespace, startup: _BackgroundStartup, server) -> dict:
-    """The study flow on the checked job, under the live table; its summary."""
+    """The study flow on the checked job, under the live table; its summary. A study
+    that finished is a success even if the Prefect API stopped answering before the
+    flow run's end could be recorded: one `warning:` line says what Prefect lacks."""
     from flows.study import flow_settings, study_flow
-    from pipetune.cli._console import quiet_flow_tracebacks
+    from pipetune.cli._console import api_unreachable, quiet_flow_tracebacks
+    from pipetune.events import StudyFinished
     from pipetune.session import observing
 
     spec = startup.spec
     display = _LiveDisplay(spec.search.trials, spec.objective.metric)
+    finished: list[dict] = []
+
+    def on_finish(event) -> None:
+        if isinstance(event, StudyFinished):
+            finished.append(event.summary)
+            console.study_finished = True
+
     # A refusal inside the flow: the one `error:` line, no engine traceback;
     # a space value no worker can run: one `warning:` line.
-    with display, observing(display.observe), _as_stopped(), \
-            flow_settings(own_server=server is not None), quiet_flow_tracebacks():
-        return study_flow(
-            job=spec,  # checked once, at check_job; not again in the flow
-            tracking_uri=startup.tracking_uri,
-            checkpoint_root=args.checkpoints,
-            keep_checkpoints=args.keep_checkpoints,
-            core_budget=startup.core_budget,
-            dask_address=args.dask_address,
-            resume=args.resume,
-        )
+    with display, observing(display.observe), observing(on_finish), _as_stopped(), \
+            flow_settings(own_server=server is not None), quiet_flow_tracebacks() as console:
+        try:
+            return study_flow(
+                job=spec,  # checked once, at check_job; not again in the flow
+                tracking_uri=startup.tracking_uri,
+                checkpoint_root=args.checkpoints,
+                keep_checkpoints=args.keep_checkpoints,
+                core_budget=startup.core_budget,
+                dask_address=args.dask_address,
+                resume=args.resume,
+            )
+        except Exception as e:
+            if not finished or not api_unreachable(e):
+                raise
+            _say_flow_end_lost(e, console.notices, server)
+            return finished[-1]
+
+
+def _say_flow_end_lost(error: BaseException, notices: list[str], server) -> None:
+    """One `warning:` line for a finished study whose flow run's end Prefect never got,
+    unless the study already said, in one, that its Prefect record is incomplete."""
+    if any("Prefect" in notice for notice in notices):
+        return
+    lost = "" if server is None or server.lost_code is None else \
+        f" (the local Prefect server exited with code {server.lost_code})"
+    print(f"warning: the Prefect API at {os.environ.get('PREFECT_API_URL', '?')} stopped "
+          f"answering{lost}: the flow run's end is not recorded there ({type(error).__name__}: "
+          f"{error}); the study finished and MLflow has all of it", file=sys.stderr, flush=True)
+
+
+def _quiet_lost_server(code: int) -> None:
+    """The embedded Prefect server died mid-study (it is not restarted): Prefect's log
+    shipper would print "--- Error logging to API ---" for every batch it can no longer
+    send. Those reports go through logging's error hook; the study says it once."""
+    import logging
+
+    logging.raiseExceptions = False
+    for name in _PREFECT_CLIENT_LOGGERS:  # each event it cannot send: two lines of it
+        # A filter, not a level: Prefect's internal logger ignores its level.
+        logging.getLogger(name).addFilter(lambda _record: False)
+
+
+#: Prefect's loggers that report, line by line, on an API that no longer answers.
+_PREFECT_CLIENT_LOGGERS = ("prefect.events.clients", "prefect._internal.concurrency")
 
 
 _final_collections_skipped = False

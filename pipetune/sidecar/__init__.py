@@ -74,10 +74,11 @@ class _Runner:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
-    def _record(self, key: str, error: BaseException) -> None:
+    def _record(self, key: str, error: BaseException, say: bool = True) -> None:
         first, more = self._errors.get(key, (error, -1))
         self._errors[key] = (first, more + 1)
-        logger.warning("%s failed: %s: %s", key, type(error).__name__, error)
+        if say:  # not when a caller waits for this very call: it hears the error itself
+            logger.warning("%s failed: %s: %s", key, type(error).__name__, error)
 
     def _take_error(self, key: str) -> BaseException | None:
         error, more = self._errors.pop(key, (None, 0))
@@ -131,7 +132,7 @@ class _Runner:
                     if step is not None:
                         step()
         except Exception as e:  # noqa: BLE001 - kept for the next call
-            self._record(key, e)
+            self._record(key, e, say=reply is None)
         if reply is not None:
             error = self._take_error(key)
             try:
