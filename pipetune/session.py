@@ -279,6 +279,8 @@ class OpenedStudy:
             timings = orchestration_overhead(study)
             extra.update(overhead_summary(timings))
             tracker.finish(study, wall_s=wall_s, extra_metrics=extra)
+            if tracker.waiting is not None:  # MLflow did not answer: its writes wait
+                log.warning("%s", tracker.waiting.line(), extra=NOTICE)
         except BaseException as stop:
             if isinstance(stop, PipetuneError) and getattr(stop, "study_id", None) is None:
                 stop.study_id = study.study_id  # which study a caller finds it in
@@ -292,6 +294,8 @@ class OpenedStudy:
                 backend.cancel()
             tracker.fail(status="KILLED" if stopped else "FAILED",
                          timeout=3 if stopped else 120, reason=reason)
+            if tracker.waiting is not None:
+                log.warning("%s", tracker.waiting.line(), extra=NOTICE)
             with contextlib.suppress(Exception):
                 backend.close(timeout=1 if stopped else 60)
             raise

@@ -1,11 +1,11 @@
 """The ``pipetune`` command line: the top room of ``pipetune/``.
 
 One module per command group (:mod:`~pipetune.cli.tune`, :mod:`~pipetune.cli.ui`,
-:mod:`~pipetune.cli.groundtruth`, :mod:`~pipetune.cli.bench`,
-:mod:`~pipetune.cli.deploy`). It is the only part of ``pipetune/`` allowed to import
-``flows``, ``tasks`` or ``deployments`` (and through them Prefect); the rest of the
-library never does (``import-linter`` contracts in ``pyproject.toml``, checked by
-``tests/test_layers.py``).
+:mod:`~pipetune.cli.tracking`, :mod:`~pipetune.cli.groundtruth`,
+:mod:`~pipetune.cli.bench`, :mod:`~pipetune.cli.deploy`). It is the only part of
+``pipetune/`` allowed to import ``flows``, ``tasks`` or ``deployments`` (and through
+them Prefect); the rest of the library never does (``import-linter`` contracts in
+``pyproject.toml``, checked by ``tests/test_layers.py``).
 
 Each command group registers its parser with an ``add_*(subparsers)`` function that
 sets ``run`` to a function ``(args) -> int``. Imports of the library (and so of
@@ -93,10 +93,11 @@ def _add_validate(subparsers: argparse._SubParsersAction) -> None:
 def _add_orchestration(subparsers: argparse._SubParsersAction) -> None:
     from pipetune.cli.groundtruth import add_groundtruth as _add_groundtruth
     from pipetune.cli.stack import add_stack as _add_stack
+    from pipetune.cli.tracking import add_tracking as _add_tracking
     from pipetune.cli.tune import add_tune as _add_tune
     from pipetune.cli.ui import add_ui as _add_ui
 
-    for add in (_add_tune, _add_ui, _add_groundtruth, _add_stack):
+    for add in (_add_tune, _add_ui, _add_tracking, _add_groundtruth, _add_stack):
         add(subparsers)
 
 

@@ -1,16 +1,29 @@
 """The writing end of a study's MLflow record: :class:`MlflowSink`, built and called by
 a :mod:`pipetune.sidecar` host (in the recorder process by default), buffers what is
 sent for each run and writes it in as few ``log_batch`` calls as MLflow's limits allow.
+Given a spool (:mod:`pipetune.tracking.spool`), what the store does not answer waits
+there and is sent, in order and once, when it answers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
+import os
+import time
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pipetune.tracking import DEFAULT_EXPERIMENT, ensure_experiment, mlflow_client
+from pipetune.tracking.spool import (
+    Spool,
+    SpoolNote,
+    StoreUnavailable,
+    from_json,
+    store_unavailable,
+)
 
 if TYPE_CHECKING:
     from mlflow.entities import Metric, Param, RunTag
@@ -31,6 +44,17 @@ MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_PER_BATCH = 100
 MAX_TAGS_PER_BATCH = 100
 MAX_ENTITIES_PER_BATCH = 1000
+
+#: Seconds between tries to send what waits in a spool while the store does not answer.
+RETRY_S = 3.0
+#: MLflow's REST settings while a sink with a spool writes: a store that does not answer
+#: costs a few seconds before the write waits in the spool (not MLflow's 7 retries of
+#: 120 s each); the environment's own values win.
+#: Seconds to wait, once a store whose calls timed out answers again, before checking
+#: what landed: a request it had taken in while stopped (SIGSTOP, a frozen VM) is
+#: carried out as it runs again.
+SETTLE_S = 1.0
+QUICK_REQUESTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "5", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
 
 
 def batches(
@@ -73,11 +97,17 @@ class MlflowSink:
     The study's own run is opened (:meth:`open_study`, :meth:`resume_study`) and ended
     (:meth:`finish_study`, :meth:`fail_study`) here too, so the study process never
     loads MLflow (2 s of CPU here, and the store's creation or migration).
+
+    With ``spool`` (a file path, :mod:`pipetune.tracking.spool`), a write the store
+    does not answer (down, unreachable, locked past the back-off) and every write after
+    it wait in that file; they are sent in order, each once, when the store answers
+    (tried every :data:`RETRY_S` as writes come, and at the study's end).
     """
 
     def __init__(self, *, tags: dict[str, str], experiment_id: str | None = None,
                  parent_run_id: str | None = None, tracking_uri: str | None = None,
-                 client: MlflowClient | None = None, children: dict[int, str] | None = None):
+                 client: MlflowClient | None = None, children: dict[int, str] | None = None,
+                 spool: str | None = None):
         self._client = client
         self.tracking_uri = tracking_uri
         self.experiment_id = experiment_id
@@ -85,6 +115,13 @@ class MlflowSink:
         self.tags = tags
         self._children: dict[int, str] = dict(children or {})
         self._pending: dict[Hashable, _Buffer] = {}
+        self._spool = Spool(spool) if spool else None
+        #: Writes wait in the spool: every new one goes behind them.
+        self._spooling = self._spool is not None and self._spool.waiting() > 0
+        self._next_try = 0.0
+        self._unavailable: Exception | None = None
+        #: The first waiting write the store refused (dropped), raised by ``idle``.
+        self._refused: Exception | None = None
 
     @property
     def client(self) -> Any:
@@ -126,18 +163,20 @@ class MlflowSink:
         ensure_experiment(self._uri(), experiment)
         self.parent_run_id = run_id
         self.experiment_id = self.client.get_run(run_id).info.experiment_id
-        self.client.update_run(run_id, status="RUNNING")
         self._children = self.children_from_store()
+        # What the study's last run left waiting goes first (its end, KILLED, included).
+        if self._spooling and not self._send_waiting(force=True):
+            raise StoreUnavailable(
+                f"MLflow at {self._uri()} did not answer ({self._unavailable}): the study's "
+                f"waiting writes in {self._spool.path} must be sent before it resumes")
+        self.client.update_run(run_id, status="RUNNING")
         return self.experiment_id, dict(self._children)
 
     def reopen(self, run_ids: Sequence[str]) -> None:
         """Trial runs running again (a resumed study): a failure they ended with (the
         checkpoint store refused them) no longer stands."""
         self.idle()
-        for run_id in run_ids:
-            self.client.update_run(run_id, status="RUNNING")
-            if "error" in self.client.get_run(run_id).data.tags:
-                self.client.delete_tag(run_id, "error")
+        self._write("reopen", list(run_ids))
 
     def artifact_uri(self) -> str:
         return self.client.get_run(self.parent_run_id).info.artifact_uri
@@ -149,23 +188,40 @@ class MlflowSink:
                      files: Sequence[tuple[bytes, str]] = (),
                      best_model: tuple[str, dict[str, Any], str] | None = None,
                      best_trial: int | None = None, end: bool = True,
-                     end_time: int | None = None) -> None:
+                     end_time: int | None = None) -> SpoolNote | None:
         """Everything sent before written, then the study's summary on its parent run:
         ``texts`` (content, artifact file name), ``files`` (bytes, artifact file name),
         ``best_model`` (checkpoint reference, ``best_model.json`` record, recipe) under
         ``best_model/``, the tag ``best_trial_run_id``; with ``end``, the run ends
-        FINISHED at ``end_time`` (ms since the epoch; default now)."""
+        FINISHED at ``end_time`` (ms since the epoch; default now). Returns what waits
+        in the spool, if anything (the store did not answer even now)."""
+        self.idle()
+        if best_model is not None:  # the record as JSON data, as the spool keeps it
+            import json
+
+            best_model = (best_model[0], json.loads(json.dumps(best_model[1], default=str)),
+                          best_model[2])
+        self._write("finish_study", list(metrics), list(params), list(tags), list(texts),
+                    list(files), best_model, best_trial, end, end_time, force=True)
+        return self.waiting()
+
+    def _op_finish_study(self, metrics: Sequence[Sequence[Any]],
+                         params: Sequence[Sequence[str]], tags: Sequence[Sequence[str]],
+                         texts: Sequence[Sequence[str]], files: Sequence[Sequence[Any]],
+                         best_model: Sequence[Any] | None, best_trial: int | None,
+                         end: bool, end_time: int | None, *, unsure: bool) -> None:
         import json
         import tempfile
         from pathlib import Path
 
         from mlflow.entities import Param, RunTag
 
-        self.idle()
         run_id = self.parent_run_id
-        tags = list(tags)
+        tags = [tuple(t) for t in tags]
         if best_trial is not None and best_trial in self._children:
             tags.append(("best_trial_run_id", self._children[best_trial]))
+        if unsure:
+            metrics = self._unsent(run_id, metrics)
         if metrics or params or tags:
             for ms, ps, ts in batches([as_metric(*m) for m in metrics],
                                       [Param(k, v) for k, v in params],
@@ -195,22 +251,37 @@ class MlflowSink:
             self.client.set_terminated(run_id, status="FINISHED", end_time=end_time)
 
     def fail_study(self, status: str, reason: str | None = None,
-                   end_time: int | None = None) -> None:
+                   end_time: int | None = None) -> SpoolNote | None:
         """What was sent written as far as it can be, then every trial run still
         running ended KILLED and the parent run ended ``status`` (with ``reason`` as its
         ``pipetune.failure`` tag), all at ``end_time`` (ms since the epoch; default
         now). Never raises for one run: what cannot be written is logged; the first
-        failure is raised at the end (the caller says what was lost)."""
+        failure is raised at the end (the caller says what was lost). With a spool,
+        what the store did not answer waits there, and is returned."""
         error: Exception | None = None
         try:
             self.idle()
         except Exception as e:  # noqa: BLE001 - the runs are still ended
             error = e
+        try:
+            self._write("fail_study", status, reason, end_time, force=True)
+        except Exception as e:  # noqa: BLE001
+            error = error or e
+        if error is not None:
+            raise error
+        return self.waiting()
+
+    def _op_fail_study(self, status: str, reason: str | None, end_time: int | None, *,
+                       unsure: bool) -> None:
+        error: Exception | None = None
         if reason:
             try:
                 self.client.set_tag(self.parent_run_id, "pipetune.failure", reason[:5000])
             except Exception as e:  # noqa: BLE001
                 error = error or e
+        if unsure or not self._children:
+            with contextlib.suppress(Exception):
+                self._children.update(self.children_from_store())
         for trial_id, run_id in sorted(self._children.items()):
             try:
                 if self.client.get_run(run_id).info.status == "RUNNING":
@@ -254,32 +325,64 @@ class MlflowSink:
         buf.tags.update(tags)
 
     def idle(self) -> None:
-        """Write everything buffered; raise the first failure after trying every run."""
-        from mlflow.entities import Param, RunTag
-
+        """Write everything buffered (or spool it, behind what waits); try to send what
+        waits (every :data:`RETRY_S`); raise the first failure after trying every run."""
         pending, self._pending = self._pending, {}
         error: Exception | None = None
         for run, buf in pending.items():
             try:
-                run_id = self._run_id(run)
-                for metrics, params, tags in batches(
-                    [as_metric(*m) for m in buf.metrics],
-                    [Param(k, v) for k, v in buf.params.items()],
-                    [RunTag(k, v) for k, v in buf.tags.items()],
-                ):
-                    self.client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
+                self._write("log_batch", run, buf.metrics, list(buf.params.items()),
+                            list(buf.tags.items()))
             except Exception as e:  # noqa: BLE001 - the other runs are still written
                 if error is None:
                     error = e
                 else:
                     logger.warning("MLflow write failed too: %s: %s", type(e).__name__, e)
+        if self._spooling:
+            self._send_waiting(force=False)
+        refused, self._refused = self._refused, None
+        error = error or refused
         if error is not None:
             raise error
+
+    def _op_log_batch(self, run: Hashable, metrics: Sequence[Sequence[Any]],
+                      params: Sequence[Sequence[str]], tags: Sequence[Sequence[str]], *,
+                      unsure: bool) -> None:
+        from mlflow.entities import Param, RunTag
+
+        run_id = self._run_id(run)
+        if unsure:
+            metrics = self._unsent(run_id, metrics)
+        for ms, ps, ts in batches([as_metric(*m) for m in metrics],
+                                  [Param(k, v) for k, v in params],
+                                  [RunTag(k, v) for k, v in tags]):
+            self.client.log_batch(run_id, metrics=ms, params=ps, tags=ts)
+
+    def _unsent(self, run_id: str, metrics: Sequence[Sequence[Any]]) -> list[Sequence[Any]]:
+        """``metrics`` less those already in ``run_id``'s history (same key, step,
+        timestamp and value): a write that may have landed before its call failed."""
+        have: set[tuple[str, int, int, float]] = set()
+        for key in sorted({m[0] for m in metrics}):
+            for h in self.client.get_metric_history(run_id, key):
+                have.add((key, int(h.step), int(h.timestamp), _same(h.value)))
+        out = [m for m in metrics if (m[0], int(m[2]), int(m[3]), _same(m[1])) not in have]
+        if len(out) < len(metrics):
+            logger.info("MLflow: %d metric(s) of run %s were in already; not sent again",
+                        len(metrics) - len(out), run_id)
+        return out
 
     def create_child(self, trial_id: int, start_time: int | None = None) -> None:
         """The run of trial ``trial_id``, a child of the study's, starting at
         ``start_time`` (ms since the epoch: when the trial started; default now)."""
         self.idle()
+        self._write("create_child", trial_id, start_time)
+
+    def _op_create_child(self, trial_id: int, start_time: int | None, *,
+                         unsure: bool) -> None:
+        if unsure and trial_id not in self._children:  # created before its call failed?
+            self._children.update(self.children_from_store())
+        if trial_id in self._children:
+            return
         run = self.client.create_run(
             self.experiment_id,
             start_time=start_time,
@@ -297,20 +400,177 @@ class MlflowSink:
         import pandas as pd
 
         self.idle()
-        self.client.log_text(self._run_id(run), pd.DataFrame(rows).to_csv(index=False),
-                             "profiles.csv")
+        self._write("log_text", run, pd.DataFrame(rows).to_csv(index=False), "profiles.csv")
 
     def log_text(self, run: Hashable, content: str, name: str) -> None:
         """``content`` as the artifact file ``name`` of ``run``."""
         self.idle()
+        self._write("log_text", run, content, name)
+
+    def _op_log_text(self, run: Hashable, content: str, name: str, *, unsure: bool) -> None:
         self.client.log_text(self._run_id(run), content, name)
 
     def terminate(self, run: Hashable, status: str, end_time: int | None = None) -> None:
         """``run`` ended ``status`` at ``end_time`` (ms since the epoch; default now)."""
         self.idle()
+        self._write("terminate", run, status, end_time)
+
+    def _op_terminate(self, run: Hashable, status: str, end_time: int | None, *,
+                      unsure: bool) -> None:
         self.client.set_terminated(self._run_id(run), status=status, end_time=end_time)
 
+    def _op_reopen(self, run_ids: Sequence[str], *, unsure: bool) -> None:
+        for run_id in run_ids:
+            self.client.update_run(run_id, status="RUNNING")
+            if "error" in self.client.get_run(run_id).data.tags:
+                self.client.delete_tag(run_id, "error")
+
     def children(self) -> dict[int, str]:
-        """Everything sent so far written; trial id -> child run id."""
+        """Everything sent so far written (or spooled); trial id -> child run id."""
         self.idle()
         return dict(self._children)
+
+    # -- the spool ------------------------------------------------------------------------
+    def _write(self, op: str, *args: Any, force: bool = False) -> None:
+        """``op`` written now; with a spool, behind what waits there, or into it when the
+        store does not answer (``force``: try to send what waits now, not at the next
+        :data:`RETRY_S`)."""
+        if self._spool is None:
+            self._apply(op, args, unsure=False)
+            return
+        if self._spooling and not self._send_waiting(force=force):
+            self._spool.append(op, args, self._header())
+            return
+        try:
+            with _quick_requests():
+                self._apply(op, args, unsure=False)
+        except Exception as e:
+            if not store_unavailable(e):
+                raise
+            self._spool.append(op, args, self._header())
+            self._spooling, self._unavailable = True, e
+            self._next_try = time.monotonic() + RETRY_S
+            logger.info("MLflow at %s does not answer (%s: %s); writes wait in %s",
+                           self._uri(), type(e).__name__, e, self._spool.path)
+
+    def _apply(self, op: str, args: Sequence[Any], *, unsure: bool) -> None:
+        if op not in SPOOLED_OPS:
+            raise WriterError(f"unknown spooled write {op!r}")
+        getattr(self, f"_op_{op}")(*args, unsure=unsure)
+
+    def _header(self) -> dict[str, Any]:
+        return {"tracking_uri": self._uri(), "experiment_id": self.experiment_id,
+                "parent_run_id": self.parent_run_id, "tags": self.tags,
+                "study_id": self.tags.get("pipetune.study_id")}
+
+    def _send_waiting(self, *, force: bool) -> bool:
+        """Send what waits, in order, unless tried less than :data:`RETRY_S` ago (and not
+        ``force``); True once nothing waits."""
+        if not force and time.monotonic() < self._next_try:
+            return False
+        sent, error = self._drain()
+        self._unavailable = error
+        if error is not None:
+            self._next_try = time.monotonic() + RETRY_S
+            return False
+        if self._spooling:
+            logger.info("MLflow at %s answers again: %d waiting write(s) sent",
+                           self._uri(), sent)
+        self._spooling = False
+        return True
+
+    def _drain(self) -> tuple[int, Exception | None]:
+        """``(writes sent, the error of the store that stopped the sending)``. The first
+        write of each try is checked against the store (it may have landed before its
+        call failed); one the store refuses is dropped, logged and raised by ``idle``."""
+        assert self._spool is not None
+        sent = 0
+        with self._spool.locked():
+            _, writes = self._spool.read()
+            if writes and _timed_out(self._unavailable):
+                try:  # a write that timed out may still be on its way in the server
+                    with _quick_requests():
+                        self.client.get_experiment(self.experiment_id)
+                except Exception as e:  # noqa: BLE001
+                    if store_unavailable(e):
+                        return 0, e
+                time.sleep(SETTLE_S)
+            for i, entry in enumerate(writes):
+                op, args = entry["op"], from_json(entry["args"])
+                if op in RUN_OPS and isinstance(args[0], list):
+                    args[0] = tuple(args[0])
+                try:
+                    with _quick_requests():
+                        self._apply(op, args, unsure=i == 0)
+                except Exception as e:  # noqa: BLE001 - the rest is sent, or waits
+                    if store_unavailable(e):
+                        return sent, e
+                    logger.warning("MLflow refused a waiting write (%s #%s): %s: %s", op,
+                                   entry["seq"], type(e).__name__, e)
+                    self._refused = self._refused or e
+                self._spool.acknowledge(entry["seq"])
+                sent += 1
+            self._spool.remove()
+        return sent, None
+
+    def waiting(self) -> SpoolNote | None:
+        """What waits in the spool, if anything."""
+        if self._spool is None or not self._spooling:
+            return None
+        count = self._spool.waiting()
+        if not count:
+            return None
+        return SpoolNote(str(self._spool.path), count, self._uri(),
+                         self.tags.get("pipetune.study_id"))
+
+    def send_waiting(self) -> int:
+        """Send every write that waits in the spool, each once (``pipetune tracking
+        flush``); returns how many. Raises the store's error if it still does not
+        answer, or the first refusal."""
+        if self._spool is None:
+            return 0
+        if self.parent_run_id is not None and self.experiment_id is not None:
+            with _quick_requests():
+                self._children.update(self.children_from_store())
+        sent, error = self._drain()
+        if error is not None:
+            raise error
+        refused, self._refused = self._refused, None
+        if refused is not None:
+            raise refused
+        self._spooling = False
+        return sent
+
+
+#: The writes a spool holds (``_op_<name>`` of :class:`MlflowSink`), and those whose
+#: first argument is a run (a run id, or ``("trial", trial id)``: a list in JSON).
+SPOOLED_OPS = frozenset({"create_child", "log_batch", "log_text", "terminate", "reopen",
+                         "finish_study", "fail_study"})
+RUN_OPS = frozenset({"log_batch", "log_text", "terminate"})
+
+
+def _timed_out(error: BaseException | None) -> bool:
+    """Whether ``error`` is a call that timed out: its request may have reached a server
+    that was stopped, and may still land once it runs again."""
+    text = str(error or "").lower()
+    return "timeout" in text or "timed out" in text
+
+
+def _same(value: float) -> float | str:
+    """A metric value as compared with the store's (NaN equal to NaN)."""
+    value = float(value)
+    return "nan" if math.isnan(value) else value
+
+
+@contextlib.contextmanager
+def _quick_requests() -> Iterator[None]:
+    """MLflow's REST calls fail fast while a sink with a spool writes (it spools and
+    tries again), unless the environment sets their timeout and retries itself."""
+    added = [k for k in QUICK_REQUESTS if k not in os.environ]
+    for k in added:
+        os.environ[k] = QUICK_REQUESTS[k]
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)

@@ -10,11 +10,13 @@ import json
 import logging
 import math
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipetune.states import Phase, TrialState
 from pipetune.tracking import DEFAULT_EXPERIMENT, mlflow_client
 from pipetune.tracking.sink import MlflowSink
+from pipetune.tracking.spool import SpoolNote, spool_path
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -92,6 +94,13 @@ class StudyTracker:
     waits for what was sent and raises what a write raised. :meth:`finish` and
     :meth:`fail` write what was sent first and stop the sink; :meth:`close` stops it
     alone. :attr:`client` is a client in this process, built when first asked for.
+
+    A study's writes the store does not answer (a tracking server down or restarting,
+    a SQLite store locked past the back-off) wait in ``spool`` (default: the study's
+    folder, when ``tags`` name its ``pipetune.study_id``; :mod:`pipetune.tracking.spool`)
+    and are sent in order when it answers; nothing here waits for them. A study that
+    ends with writes still waiting keeps what waits in :attr:`waiting`, whose
+    :meth:`SpoolNote.line` its caller says (how to send them later).
     """
 
     def __init__(
@@ -104,6 +113,7 @@ class StudyTracker:
         run_name: str | None = None,
         client: MlflowClient | None = None,
         resume_run_id: str | None = None,
+        spool: str | Path | None = None,
     ):
 
         from pipetune.sidecar import ThreadHost, shared_host
@@ -121,16 +131,22 @@ class StudyTracker:
         #: trial ids whose child run was sent for creation.
         self._requested: set[int] = set()
         self._thread_host: ThreadHost | None = None
+        #: What the study left waiting in its spool when it ended (None: nothing).
+        self.waiting: SpoolNote | None = None
+        if spool is None and self.tags.get("pipetune.study_id"):
+            spool = spool_path(self.tags["pipetune.study_id"])
+        spool = None if spool is None else str(spool)
         # The sink opens the study's run as it writes the rest: in the recorder process
         # unless a client is given, so this process never loads MLflow.
         if client is not None:
             self._thread_host = ThreadHost("pipetune-mlflow-writer")
             self._sink = self._thread_host.attach(
-                MlflowSink(client=client, tracking_uri=tracking_uri, tags=self.tags), "mlflow")
+                MlflowSink(client=client, tracking_uri=tracking_uri, tags=self.tags,
+                           spool=spool), "mlflow")
         else:
             self._sink = shared_host().attach(
                 "pipetune.tracking.sink:MlflowSink", "mlflow", tracking_uri=tracking_uri,
-                tags=self.tags)
+                tags=self.tags, spool=spool)
         try:
             if resume_run_id is not None:
                 self._resume(resume_run_id, experiment)
@@ -343,9 +359,15 @@ class StudyTracker:
         table = trials_table(study).to_csv(index=False)
         png = io.BytesIO()
         timeline_figure(study).savefig(png, format="png")  # as MLflow's log_figure saves it
-        self._sink.call("finish_study", (), (), (), [(table, "trials.csv")],
-                        [(png.getvalue(), "timeline.png")], None, None, True, end_ms)
+        self._note(self._sink.call("finish_study", (), (), (), [(table, "trials.csv")],
+                                   [(png.getvalue(), "timeline.png")], None, None, True,
+                                   end_ms))
         self.close()
+
+    def _note(self, waiting: SpoolNote | None) -> None:
+        self.waiting = waiting
+        if waiting is not None:
+            logger.info("%s", waiting.line())  # the caller says it, once (session)
 
     def fail(self, *, timeout: float | None = 120.0, status: str = "FAILED",
              reason: str | None = None) -> None:
@@ -359,7 +381,8 @@ class StudyTracker:
         end_ms = max(_ms_ceil(time.time()), self._latest_ms)
         if not self._sink.closed:
             try:
-                self._sink.call("fail_study", status, reason, end_ms, timeout=timeout)
+                self._note(self._sink.call("fail_study", status, reason, end_ms,
+                                           timeout=timeout))
             except Exception:  # noqa: BLE001 - failing already; say what was lost, and
                 # end the runs from here (the recorder may be gone)
                 logger.warning("MLflow: some writes of study run %s were lost",

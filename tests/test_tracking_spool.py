@@ -1,0 +1,205 @@
+"""An MLflow tracking server that stops answering mid-study: a real ``mlflow server`` on
+loopback (SQLite behind it) is SIGSTOPped or SIGKILLed while a real tiny study runs.
+The study goes on (its sends never wait); what the server did not take waits in the
+study's spool and is sent, in order and once, when it answers again: at once when it
+comes back mid-study, or with ``pipetune tracking flush STUDY_ID`` when it came back
+only after the study ended. Every metric's history holds one entry per step."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from known import synthetic_job, wait_until_healthy
+from mlflow.tracking import MlflowClient
+
+from pipetune.backends import LocalBackend
+from pipetune.checkpoints import CheckpointStore
+from pipetune.groundtruth import GroundTruth
+from pipetune.net import free_port
+from pipetune.spec import JobSpec
+from pipetune.study import Study
+from pipetune.tracking.spool import Spool, spool_path
+from pipetune.tracking.tracker import StudyTracker
+
+EXPERIMENT = "spool"
+
+
+class Server:
+    """``mlflow server`` on 127.0.0.1:``port`` over ``root``/mlflow.db, in its own
+    process group (signals reach its workers too); started again on the same port."""
+
+    def __init__(self, root: Path):
+        self.root, self.port = root, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        log = self.root / "server.log"
+        with log.open("a") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
+                 f"sqlite:///{self.root / 'mlflow.db'}", "--host", "127.0.0.1",
+                 "--port", str(self.port), "--workers", "1"],
+                stdout=out, stderr=subprocess.STDOUT, cwd=self.root, start_new_session=True,
+                env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true",
+                     "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+        wait_until_healthy(self.url, self.proc, log)
+
+    def signal(self, signum: int) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signum)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.signal(signal.SIGCONT)  # a stopped server dies too
+            self.signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def server(tmp_path):
+    server = Server(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+def _spec(name: str) -> JobSpec:
+    job = synthetic_job(name, trials=3)
+    job["profiler"] = {"perf": "off"}  # in-process epochs: perf's counts are not the point
+    job["workload"]["params"]["base_seconds"] = 0.1
+    return JobSpec.from_dict(job)
+
+
+def _run(tmp_path: Path, url: str, study_id: str, on_epoch) -> tuple[Study, StudyTracker,
+                                                                       list[float], float]:
+    """The study as the session runs it, over MLflow at ``url``; ``on_epoch(n)`` after
+    the ``n``-th epoch was sent. Returns the study, its tracker, how long each epoch's
+    send took, and how long ``finish`` took."""
+    spec = _spec(study_id)
+    tracker = StudyTracker(url, spec, experiment=EXPERIMENT,
+                           tags={"pipetune.study_id": study_id})
+    study = Study(spec, study_id=study_id, checkpoints=CheckpointStore(tmp_path / "ck"),
+                  ground_truth=GroundTruth(str(tmp_path / "gt.json")))
+    sends: list[float] = []
+
+    def on_result(trial, result) -> None:
+        began = time.perf_counter()
+        tracker.log_epoch(trial, result)
+        sends.append(time.perf_counter() - began)
+        on_epoch(len(sends))
+
+    def on_step(event) -> None:
+        if event.ended:
+            tracker.end_trial(event.trial, metric=study.metric)
+
+    started = time.time()
+    study.run(LocalBackend(), on_step=on_step, on_result=on_result)
+    began = time.perf_counter()
+    tracker.finish(study, wall_s=time.time() - started, extra_metrics={"extra": 1.0})
+    return study, tracker, sends, time.perf_counter() - began
+
+
+def _wait_for(path: Path, timeout_s: float = 40.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.1)
+
+
+def assert_recorded_once(url: str, parent_run_id: str, study: Study) -> None:
+    """Every trial's run once, with its params, tags and every epoch's metrics, each
+    metric's history one entry per step; runs ended after their last metric."""
+    client = MlflowClient(url)
+    experiment = client.get_experiment_by_name(EXPERIMENT).experiment_id
+    runs = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent_run_id}'",
+                              max_results=1000)
+    per_trial = Counter(int(r.data.tags["pipetune.trial_id"]) for r in runs)
+    assert per_trial == Counter({t: 1 for t in study.trials}), per_trial
+    for run in runs:
+        trial = study.trials[int(run.data.tags["pipetune.trial_id"])]
+        run_id, data = run.info.run_id, run.data
+        assert run.info.status == "FINISHED"
+        assert data.params["seed"] == str(trial.seed)
+        assert data.tags["outcome"] == str(trial.state)
+        epochs = [r.epoch for r in trial.results]
+        assert epochs and all(f"epoch.{e:03d}.phase" in data.tags for e in epochs)
+        latest = 0
+        for key in data.metrics:
+            history = client.get_metric_history(run_id, key)
+            per_step = Counter(h.step for h in history)
+            assert set(per_step.values()) == {1}, (trial.trial_id, key, per_step)
+            if key == "train_loss":
+                assert sorted(per_step) == epochs
+            latest = max(latest, *(h.timestamp for h in history))
+        assert run.info.end_time >= latest
+        assert "profiles.csv" in {a.path for a in client.list_artifacts(run_id)}
+    parent = client.get_run(parent_run_id)
+    assert parent.info.status == "FINISHED"
+    assert [h.step for h in client.get_metric_history(parent_run_id, "study_trials")] == [0]
+    assert parent.data.metrics["study_extra"] == 1.0
+    assert parent.data.tags["best_trial_run_id"] in {r.info.run_id for r in runs}
+    assert {"trials.csv", "timeline.png"} <= {a.path for a in client.list_artifacts(parent_run_id)}
+
+
+def test_a_server_stopped_mid_study_gets_every_write_once(tmp_path, server):
+    study_id = "spool-stopped"
+    spool = spool_path(study_id)
+
+    def on_epoch(n: int) -> None:
+        if n == 2:
+            server.signal(signal.SIGSTOP)
+        elif n == 4:  # writes went to the spool while it was stopped; it runs again
+            _wait_for(spool)
+            server.signal(signal.SIGCONT)
+
+    study, tracker, sends, _ = _run(tmp_path, server.url, study_id, on_epoch)
+    assert len(sends) > 4  # the study went on after the server ran again
+    assert max(sends) < 0.5  # no send waited for the stopped server
+    assert tracker.waiting is None and not spool.exists()
+    assert_recorded_once(server.url, tracker.parent_run_id, study)
+
+
+def test_a_server_gone_at_the_end_is_sent_later_by_flush(tmp_path, server):
+    study_id = "spool-killed"
+    spool = spool_path(study_id)
+
+    def on_epoch(n: int) -> None:
+        if n == 2:
+            server.kill()
+
+    study, tracker, sends, finish_s = _run(tmp_path, server.url, study_id, on_epoch)
+    assert max(sends) < 0.5 and finish_s < 30
+    note = tracker.waiting
+    assert note is not None and note.count > 0 and note.path == str(spool)
+    line = note.line()
+    assert str(spool) in line and f"pipetune tracking flush {study_id}" in line, line
+    waiting = Spool(spool).waiting()
+    assert waiting == note.count
+
+    def flush() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pipetune", "tracking", "flush", study_id],
+                              capture_output=True, text=True, timeout=120)
+
+    down = flush()  # the server is still down: nothing is sent, everything still waits
+    assert down.returncode == 1 and "error: MLflow at" in down.stderr, down.stderr
+    assert Spool(spool).waiting() == waiting
+
+    server.start()  # back, on the same port and store
+    sent = flush()
+    assert sent.returncode == 0, sent.stderr
+    assert f"{waiting} waiting MLflow write(s) sent" in sent.stdout
+    assert not spool.exists()
+    assert_recorded_once(server.url, tracker.parent_run_id, study)
+    again = flush()  # nothing waits: nothing is written twice
+    assert again.returncode == 0 and "no MLflow writes wait" in again.stdout
+    assert_recorded_once(server.url, tracker.parent_run_id, study)
