@@ -8,6 +8,7 @@ only after the study ended. Every metric's history holds one entry per step."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -63,8 +64,18 @@ class Server:
             self.proc.wait(timeout=30)
 
 
+@pytest.fixture(scope="module")
+def migrated_store(tmp_path_factory) -> Path:
+    """An empty MLflow SQLite store, its schema made once (the server starts faster on
+    a copy than on a fresh file, which it migrates first)."""
+    db = tmp_path_factory.mktemp("store") / "mlflow.db"
+    MlflowClient(f"sqlite:///{db}").search_experiments()
+    return db
+
+
 @pytest.fixture
-def server(tmp_path):
+def server(tmp_path, migrated_store):
+    shutil.copy(migrated_store, tmp_path / "mlflow.db")
     server = Server(tmp_path)
     server.start()
     try:
