@@ -17,7 +17,8 @@ EXIT_UNSENT = 1
 
 def run_flush(args: argparse.Namespace) -> int:
     from pipetune.errors import PipetuneError
-    from pipetune.tracking.spool import StoreUnavailable, send_spool
+    from pipetune.tracking.sink import send_spool
+    from pipetune.tracking.spool import StoreUnavailable
 
     try:
         sent, uri = send_spool(args.study_id)

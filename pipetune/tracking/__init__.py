@@ -17,7 +17,10 @@ this module          the store: its URI, the experiment (created under a file lo
                      SQLite), a client that rides out a locked SQLite store (its
                      back-off, ``LOCKED_BACKOFF_S``, is read here at each retry)
 ``sink``             the writing end, in the recorder process: ``log_batch`` limits,
-                     buffering and batching (:class:`MlflowSink`)
+                     buffering and batching (:class:`MlflowSink`); what the store did
+                     not answer sent later (:func:`send_spool`)
+``spool``            where writes wait while the store does not answer: the study's
+                     JSON-lines spool file, what counts as "does not answer"
 ``tracker``          the study's view: parent and child runs, what an epoch, a trial
                      and the study write (:class:`StudyTracker`)
 ===================  =================================================================
@@ -148,7 +151,9 @@ from pipetune.tracking.sink import (  # noqa: E402
     MlflowSink,
     WriterError,
     batches,
+    send_spool,
 )
+from pipetune.tracking.spool import SpoolNote, StoreUnavailable  # noqa: E402
 from pipetune.tracking.tracker import StudyTracker, profile_rows  # noqa: E402
 
 __all__ = [
@@ -160,6 +165,8 @@ __all__ = [
     "MAX_TAGS_PER_BATCH",
     "MlflowSink",
     "RetryingClient",
+    "SpoolNote",
+    "StoreUnavailable",
     "StudyTracker",
     "WriterError",
     "batches",
@@ -168,4 +175,5 @@ __all__ = [
     "ensure_experiment_in_recorder",
     "mlflow_client",
     "profile_rows",
+    "send_spool",
 ]

@@ -14,14 +14,17 @@ import os
 import time
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipetune.errors import PipetuneError
 from pipetune.tracking import DEFAULT_EXPERIMENT, ensure_experiment, mlflow_client
 from pipetune.tracking.spool import (
     Spool,
     SpoolNote,
     StoreUnavailable,
     from_json,
+    spool_path,
     store_unavailable,
 )
 
@@ -540,6 +543,34 @@ class MlflowSink:
             raise refused
         self._spooling = False
         return sent
+
+
+def send_spool(study_id: str, home: Path | None = None) -> tuple[int, str | None]:
+    """Send what study ``study_id`` left in its spool, in order, each write once;
+    returns ``(writes sent, tracking URI)`` (``(0, None)`` when nothing waits).
+
+    Raises :class:`StoreUnavailable` when the store still does not answer (what was
+    sent before is acknowledged; the rest waits), and what a write raised otherwise."""
+    path = spool_path(study_id, home)
+    if not path.parent.is_dir():
+        raise PipetuneError(f"no study {study_id!r} under {path.parent.parent}")
+    spool = Spool(path)
+    with spool.locked():
+        header, writes = spool.read()
+    if not writes:
+        return 0, None
+    uri = header["tracking_uri"]
+    sink = MlflowSink(tags=header.get("tags", {}), tracking_uri=uri,
+                      experiment_id=header.get("experiment_id"),
+                      parent_run_id=header.get("parent_run_id"), spool=str(path))
+    try:
+        sent = sink.send_waiting()
+    except Exception as e:
+        if store_unavailable(e):
+            raise StoreUnavailable(f"MLflow at {uri} did not answer ({e}); "
+                                   f"{spool.waiting()} write(s) still wait in {path}") from e
+        raise
+    return sent, uri
 
 
 #: The writes a spool holds (``_op_<name>`` of :class:`MlflowSink`), and those whose

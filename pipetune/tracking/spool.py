@@ -6,7 +6,7 @@ SQLite store can stay locked past :data:`~pipetune.tracking.LOCKED_BACKOFF_S`. A
 cannot make, and every write after it, to ``$PIPETUNE_HOME/studies/<study_id>/``
 :data:`SPOOL_FILE`, and sends them in order once the store answers. A study that ends
 while the store is down says so and how to send the spool later
-(:data:`FLUSH_COMMAND`, :func:`send_spool`).
+(:data:`FLUSH_COMMAND`, :func:`~pipetune.tracking.sink.send_spool`).
 
 The file, one JSON object a line (data read back as data, never code):
 
@@ -191,33 +191,3 @@ class Spool:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         self._next_seq = 0
-
-
-def send_spool(study_id: str, home: Path | None = None) -> tuple[int, str | None]:
-    """Send what study ``study_id`` left in its spool, in order, each write once;
-    returns ``(writes sent, tracking URI)`` (``(0, None)`` when nothing waits).
-
-    Raises :class:`StoreUnavailable` when the store still does not answer (what was
-    sent before is acknowledged; the rest waits), and what a write raised otherwise."""
-    from pipetune.tracking.sink import MlflowSink
-
-    path = spool_path(study_id, home)
-    if not path.parent.is_dir():
-        raise PipetuneError(f"no study {study_id!r} under {path.parent.parent}")
-    spool = Spool(path)
-    with spool.locked():
-        header, writes = spool.read()
-    if not writes:
-        return 0, None
-    uri = header["tracking_uri"]
-    sink = MlflowSink(tags=header.get("tags", {}), tracking_uri=uri,
-                      experiment_id=header.get("experiment_id"),
-                      parent_run_id=header.get("parent_run_id"), spool=str(path))
-    try:
-        sent = sink.send_waiting()
-    except Exception as e:
-        if store_unavailable(e):
-            raise StoreUnavailable(f"MLflow at {uri} did not answer ({e}); "
-                                   f"{spool.waiting()} write(s) still wait in {path}") from e
-        raise
-    return sent, uri
