@@ -68,3 +68,56 @@ def test_other_errors_are_not_retried(store):
     with pytest.raises(Exception, match="no such table"):
         RetryingClient(broken).log_metric(run_id, "m", 1.0)
     assert broken.calls == 1
+
+
+class LockedBatches(MlflowClient):
+    """The real client, except that ``log_batch`` meets a locked SQLite store while
+    ``locked`` is set."""
+
+    def __init__(self, uri: str):
+        super().__init__(uri)
+        self.locked, self.refused = False, 0
+
+    def log_batch(self, *args, **kwargs):
+        from sqlalchemy.exc import OperationalError
+
+        if self.locked:
+            self.refused += 1
+            raise OperationalError("INSERT INTO metrics ...", {},
+                                   sqlite3.OperationalError("database is locked"))
+        return super().log_batch(*args, **kwargs)
+
+
+def test_a_store_locked_past_the_back_off_keeps_the_writes_in_the_spool(tmp_path, monkeypatch):
+    """Past the back-off a write is not lost: it and those after it wait in the spool,
+    and are written, in order and once, when the store takes writes again."""
+    import pipetune.tracking as tracking
+    from pipetune.tracking import MlflowSink, RetryingClient
+    from pipetune.tracking.spool import Spool
+
+    monkeypatch.setattr(tracking, "LOCKED_BACKOFF_S", (0.01,))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = LockedBatches(uri)
+    spool = tmp_path / "study" / "mlflow-spool.jsonl"
+    sink = MlflowSink(client=RetryingClient(store), tracking_uri=uri, spool=str(spool),
+                      tags={"pipetune.study_id": "locked"})
+    _, parent = sink.open_study("pipetune", "locked", {}, [], [])
+    sink.create_child(0)
+    store.locked = True
+    for epoch in (1, 2, 3):
+        sink.log(("trial", 0), [("loss", 1.0 / epoch, epoch, 1000 + epoch)])
+        sink.idle()  # never raises: the write waits
+    sink.terminate(("trial", 0), "FINISHED", 2000)
+    assert store.refused == 2  # the first write and its one retry; the rest queued behind
+    assert Spool(spool).waiting() == 4
+    assert sink.waiting().count == 4 and "pipetune tracking flush locked" in sink.waiting().line()
+    store.locked = False
+    assert sink.finish_study(end=True) is None  # sent first, then the summary
+    assert not spool.exists()
+    client = MlflowClient(uri)
+    child = sink.children()[0]
+    history = client.get_metric_history(child, "loss")
+    assert sorted((m.step, m.value) for m in history) == [(1, 1.0), (2, 0.5), (3, 1 / 3)]
+    assert client.get_run(child).info.status == "FINISHED"
+    assert client.get_run(child).info.end_time == 2000
+    assert client.get_run(parent).info.status == "FINISHED"

@@ -214,3 +214,60 @@ def test_a_server_gone_at_the_end_is_sent_later_by_flush(tmp_path, server):
     again = flush()  # nothing waits: nothing is written twice
     assert again.returncode == 0 and "no MLflow writes wait" in again.stdout
     assert_recorded_once(server.url, tracker.parent_run_id, study)
+
+
+class AnswerLost(MlflowClient):
+    """The real client, except that while ``lose`` is set, ``create_run`` and
+    ``log_batch`` write and then fail as a connection that broke before the answer came
+    back: the sink cannot know the write landed."""
+
+    def __init__(self, uri: str):
+        super().__init__(uri)
+        self.lose = False
+
+    def _lost(self, call: str) -> None:
+        from mlflow.exceptions import MlflowException
+
+        if self.lose:
+            raise MlflowException(f"API request to http://127.0.0.1:1/api/2.0/mlflow/{call} "
+                                  "failed with exception ('Connection aborted.', "
+                                  "RemoteDisconnected('Remote end closed connection'))")
+
+    def create_run(self, *args, **kwargs):
+        run = super().create_run(*args, **kwargs)
+        self._lost("runs/create")
+        return run
+
+    def log_batch(self, run_id, *args, **kwargs):
+        super().log_batch(run_id, *args, **kwargs)
+        self._lost("runs/log-batch")
+
+
+def test_a_write_whose_answer_was_lost_is_not_written_twice(tmp_path):
+    """The call failed but the write landed: sent again from the spool, a trial run
+    that exists is not created again, and its metrics are in the history once."""
+    from pipetune.tracking import MlflowSink
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = AnswerLost(uri)
+    spool = tmp_path / "study" / "mlflow-spool.jsonl"
+    sink = MlflowSink(client=client, tracking_uri=uri, spool=str(spool), tags={})
+    experiment, parent = sink.open_study("pipetune", "lost", {}, [], [])
+    client.lose = True
+    sink.create_child(0)  # created, but the sink cannot know: it waits in the spool
+    sink.log(("trial", 0), [("loss", 0.5, 1, 1001), ("acc", 0.1, 1, 1001)],
+             [("lr", "0.1")], [("epoch.001.phase", "train")])
+    sink.idle()
+    assert Spool(spool).waiting() == 2
+    client.lose = False
+    sink.log(("trial", 0), [("loss", 0.4, 2, 1002), ("acc", 0.2, 2, 1002)])
+    assert sink.finish_study(end=True) is None and not spool.exists()
+    runs = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}'")
+    assert [r.data.tags["pipetune.trial_id"] for r in runs] == ["0"]
+    child = runs[0].info.run_id
+    assert sink.children() == {0: child}
+    for key, values in (("loss", [0.5, 0.4]), ("acc", [0.1, 0.2])):
+        history = client.get_metric_history(child, key)
+        assert sorted((m.step, m.value) for m in history) == [(1, values[0]), (2, values[1])]
+    run = client.get_run(child)
+    assert run.data.params == {"lr": "0.1"} and run.data.tags["epoch.001.phase"] == "train"

@@ -58,6 +58,9 @@ RETRY_S = 3.0
 #: carried out as it runs again.
 SETTLE_S = 1.0
 QUICK_REQUESTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "5", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
+#: The timeout (s) of the study's summary write instead: it uploads the best model,
+#: whose answer a server may take longer to give.
+SUMMARY_TIMEOUT_S = 30
 
 
 def batches(
@@ -445,8 +448,7 @@ class MlflowSink:
             self._spool.append(op, args, self._header())
             return
         try:
-            with _quick_requests():
-                self._apply(op, args, unsure=False)
+            self._apply(op, args, unsure=False)
         except Exception as e:
             if not store_unavailable(e):
                 raise
@@ -459,7 +461,11 @@ class MlflowSink:
     def _apply(self, op: str, args: Sequence[Any], *, unsure: bool) -> None:
         if op not in SPOOLED_OPS:
             raise WriterError(f"unknown spooled write {op!r}")
-        getattr(self, f"_op_{op}")(*args, unsure=unsure)
+        if self._spool is None:
+            getattr(self, f"_op_{op}")(*args, unsure=unsure)
+            return
+        with _quick_requests(SUMMARY_TIMEOUT_S if op == "finish_study" else None):
+            getattr(self, f"_op_{op}")(*args, unsure=unsure)
 
     def _header(self) -> dict[str, Any]:
         return {"tracking_uri": self._uri(), "experiment_id": self.experiment_id,
@@ -503,8 +509,7 @@ class MlflowSink:
                 if op in RUN_OPS and isinstance(args[0], list):
                     args[0] = tuple(args[0])
                 try:
-                    with _quick_requests():
-                        self._apply(op, args, unsure=i == 0)
+                    self._apply(op, args, unsure=i == 0)
                 except Exception as e:  # noqa: BLE001 - the rest is sent, or waits
                     if store_unavailable(e):
                         return sent, e
@@ -594,12 +599,15 @@ def _same(value: float) -> float | str:
 
 
 @contextlib.contextmanager
-def _quick_requests() -> Iterator[None]:
+def _quick_requests(timeout_s: int | None = None) -> Iterator[None]:
     """MLflow's REST calls fail fast while a sink with a spool writes (it spools and
     tries again), unless the environment sets their timeout and retries itself."""
-    added = [k for k in QUICK_REQUESTS if k not in os.environ]
+    quick = dict(QUICK_REQUESTS)
+    if timeout_s is not None:
+        quick["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(timeout_s)
+    added = [k for k in quick if k not in os.environ]
     for k in added:
-        os.environ[k] = QUICK_REQUESTS[k]
+        os.environ[k] = quick[k]
     try:
         yield
     finally:

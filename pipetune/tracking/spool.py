@@ -165,6 +165,8 @@ class Spool:
 
     def waiting(self) -> int:
         """How many writes wait to be sent."""
+        if not self.path.exists():  # the common case: no lock file made for nothing
+            return 0
         with self.locked():
             return len(self.read()[1])
 
