@@ -271,3 +271,36 @@ def test_a_write_whose_answer_was_lost_is_not_written_twice(tmp_path):
         assert sorted((m.step, m.value) for m in history) == [(1, values[0]), (2, values[1])]
     run = client.get_run(child)
     assert run.data.params == {"lr": "0.1"} and run.data.tags["epoch.001.phase"] == "train"
+
+
+@pytest.mark.slow
+def test_a_session_ending_with_writes_waiting_says_so_in_one_warning(tmp_path, server, caplog):
+    """Through the library's own door (:func:`open_study`): the spool is the study's
+    folder's, and the end says, in one notice line, where it is and how to send it."""
+    import logging
+
+    from known import process_cluster
+
+    from pipetune.events import EpochFinished
+    from pipetune.journal import studies_root
+    from pipetune.session import NOTICE_ATTR, StudyOptions, open_study
+
+    def kill_at_the_first_epoch(event) -> None:
+        if isinstance(event, EpochFinished) and server.proc.poll() is None:
+            server.kill()
+
+    log = logging.getLogger("pipetune.study.spool-test")
+    with process_cluster(n_workers=1) as cluster:
+        opened = open_study(_spec("spool-session"), StudyOptions(
+            tracking_uri=server.url, checkpoint_root=str(tmp_path / "ck"),
+            groundtruth_path=str(tmp_path / "gt.json"),
+            dask_address=cluster.scheduler_address, core_budget=2), log=log)
+        with caplog.at_level(logging.INFO, logger=log.name):
+            summary = opened.run(LocalBackend(), observers=[kill_at_the_first_epoch])
+    spool = studies_root() / opened.study_id / "mlflow-spool.jsonl"
+    assert summary["trials"] == 3 and Spool(spool).waiting() > 0
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    line = warnings[0].getMessage()
+    assert getattr(warnings[0], NOTICE_ATTR) == "warning"  # the CLI prints "warning: ..."
+    assert str(spool) in line and f"pipetune tracking flush {opened.study_id}" in line
