@@ -304,3 +304,60 @@ def test_a_session_ending_with_writes_waiting_says_so_in_one_warning(tmp_path, s
     line = warnings[0].getMessage()
     assert getattr(warnings[0], NOTICE_ATTR) == "warning"  # the CLI prints "warning: ..."
     assert str(spool) in line and f"pipetune tracking flush {opened.study_id}" in line
+
+
+class Down(MlflowClient):
+    """The real client, except that while ``down`` is set every write fails as a server
+    that refuses connections (nothing lands)."""
+
+    def __init__(self, uri: str):
+        super().__init__(uri)
+        self.down = False
+
+    def _refuse(self) -> None:
+        from mlflow.exceptions import MlflowException
+
+        if self.down:
+            raise MlflowException("API request to http://127.0.0.1:1/api/2.0/mlflow/runs "
+                                  "failed with exception ConnectionRefusedError(111)")
+
+    def log_batch(self, *args, **kwargs):
+        self._refuse()
+        return super().log_batch(*args, **kwargs)
+
+    def set_terminated(self, *args, **kwargs):
+        self._refuse()
+        return super().set_terminated(*args, **kwargs)
+
+    def set_tag(self, *args, **kwargs):
+        self._refuse()
+        return super().set_tag(*args, **kwargs)
+
+
+def test_a_resumed_study_first_sends_what_its_last_run_left_waiting(tmp_path):
+    """The stopped study's last writes (its end ``KILLED`` among them) go in before the
+    resumed study opens its run again, not after: the run is ``RUNNING``."""
+    from pipetune.tracking import MlflowSink
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = Down(uri)
+    spool = tmp_path / "study" / "mlflow-spool.jsonl"
+    first = MlflowSink(client=client, tracking_uri=uri, spool=str(spool), tags={})
+    _, parent = first.open_study("pipetune", "resumed", {}, [], [])
+    first.create_child(0)
+    first.log(("trial", 0), [("loss", 0.5, 1, 1001)])
+    first.idle()
+    client.down = True
+    first.log(("trial", 0), [("loss", 0.4, 2, 1002)])
+    first.idle()
+    note = first.fail_study("KILLED", "stopped", 1500)
+    assert note is not None and note.count == 2
+    client.down = False
+    again = MlflowSink(client=client, tracking_uri=uri, spool=str(spool), tags={})
+    _, children = again.resume_study(parent)
+    assert not spool.exists()
+    assert client.get_run(parent).info.status == "RUNNING"
+    assert client.get_run(parent).data.tags["pipetune.failure"] == "stopped"
+    assert [(m.step, m.value) for m in client.get_metric_history(children[0], "loss")] == \
+        [(1, 0.5), (2, 0.4)]
+    assert client.get_run(children[0]).info.status == "KILLED"
