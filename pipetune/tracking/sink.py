@@ -50,13 +50,13 @@ MAX_ENTITIES_PER_BATCH = 1000
 
 #: Seconds between tries to send what waits in a spool while the store does not answer.
 RETRY_S = 3.0
-#: MLflow's REST settings while a sink with a spool writes: a store that does not answer
-#: costs a few seconds before the write waits in the spool (not MLflow's 7 retries of
-#: 120 s each); the environment's own values win.
 #: Seconds to wait, once a store whose calls timed out answers again, before checking
 #: what landed: a request it had taken in while stopped (SIGSTOP, a frozen VM) is
 #: carried out as it runs again.
 SETTLE_S = 1.0
+#: MLflow's REST settings while a sink with a spool writes: a store that does not answer
+#: costs a few seconds before the write waits in the spool (not MLflow's 7 retries of
+#: 120 s each); the environment's own values win.
 QUICK_REQUESTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "5", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
 #: The timeout (s) of the study's summary write instead: it uploads the best model,
 #: whose answer a server may take longer to give.

@@ -19,8 +19,10 @@ still have reached the store (a connection that broke after the request went out
 the first write of each attempt to send is checked against the store before it is sent
 again: its metrics already in the history (same key, step, timestamp and value) are
 left out, a trial run that exists is not created again; params, tags, run ends and
-artifacts are the same when written twice. No metric is written twice. The file is
-removed once every write in it is sent.
+artifacts are the same when written twice. No metric is written twice (MLflow's SQL
+stores also keep one row for a metric sent twice with the same key, step, timestamp
+and value; the check holds for any store). The file is removed once every write in it
+is sent.
 """
 
 from __future__ import annotations
