@@ -361,3 +361,68 @@ def test_a_resumed_study_first_sends_what_its_last_run_left_waiting(tmp_path):
     assert [(m.step, m.value) for m in client.get_metric_history(children[0], "loss")] == \
         [(1, 0.5), (2, 0.4)]
     assert client.get_run(children[0]).info.status == "KILLED"
+
+
+@pytest.mark.slow
+def test_a_tune_whose_server_is_killed_exits_0_and_flush_sends_the_rest(tmp_path, server):
+    """For real, through the command line: ``pipetune tune`` over a tracking server
+    SIGKILLed after the second epoch exits 0 with one ``warning:`` line naming the spool
+    and the command; once the server is back, that command sends the rest, each once."""
+    import json
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    job = synthetic_job("spool-cli", trials=3)
+    job["workload"]["params"]["base_seconds"] = 0.5
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    env = {**os.environ, "PIPETUNE_HOME": str(tmp_path / "home"),
+           "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PYTHONPATH": os.pathsep.join(p for p in (
+               str(root / "tests"), str(root), os.environ.get("PYTHONPATH", "")) if p)}
+    env.pop("PREFECT_API_URL", None)
+    tune = subprocess.Popen(
+        [sys.executable, "-m", "pipetune", "tune", "job.yaml", "--tracking-uri", server.url],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while True:  # the second epoch in the journal: kill the server
+            events = list((tmp_path / "home" / "studies").glob("*/events.jsonl"))
+            if events and events[0].read_text(errors="replace").count('"kind": "result"') >= 2:
+                break
+            assert tune.poll() is None, tune.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the study never got going"
+            time.sleep(0.1)
+        server.kill()
+        out, err = tune.communicate(timeout=300)
+    finally:
+        if tune.poll() is None:
+            tune.kill()
+    assert tune.returncode == 0, err[-3000:]
+    study_id = events[0].parent.name
+    spool = events[0].parent / "mlflow-spool.jsonl"
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1, err[-3000:]
+    assert str(spool) in warnings[0] and f"pipetune tracking flush {study_id}" in warnings[0]
+    assert "Traceback" not in err, err[-3000:]
+    assert spool.exists()
+
+    server.start()
+    flush = subprocess.run([sys.executable, "-m", "pipetune", "tracking", "flush", study_id],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert flush.returncode == 0 and "sent" in flush.stdout, flush.stderr[-3000:]
+    assert not spool.exists()
+    client = MlflowClient(server.url)
+    parent_id = json.loads((events[0].parent / "study.json").read_text())["parent_run_id"]
+    trials = client.search_runs([client.get_experiment_by_name("pipetune").experiment_id],
+                                f"tags.mlflow.parentRunId = '{parent_id}'")
+    assert sorted(int(r.data.tags["pipetune.trial_id"]) for r in trials) == [0, 1, 2]
+    for run in trials:
+        assert run.info.status == "FINISHED"
+        for key in run.data.metrics:
+            per_step = Counter(m.step for m in client.get_metric_history(run.info.run_id, key))
+            assert set(per_step.values()) == {1}, (key, per_step)
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
+        assert sorted(steps) == [1, 2, 3]
+    parent = client.get_run(parent_id)
+    assert parent.info.status == "FINISHED" and parent.data.metrics["study_epochs_run"] == 9
