@@ -43,6 +43,7 @@ def _up(args: argparse.Namespace) -> int:
         print(f"  Dask UI      {urls['dask_dashboard']}")
     print(f"  PostgreSQL   {state['components'][0]['url']}   "
           f"(databases {', '.join(state['postgres']['databases'])})")
+    _print_locks(state.get("doors") or {})
     print("to use it, export:")
     for line in env_lines(state):
         print(f"  {line}")
@@ -50,6 +51,21 @@ def _up(args: argparse.Namespace) -> int:
     print(f"or: eval \"$(pipetune stack env --dir {quoted})\"; stop it with "
           f"`pipetune stack down --dir {quoted}`")
     return 0
+
+
+def _print_locks(doors: dict) -> None:
+    """Which doors are locked; the keys are the user's own and are not printed."""
+    locks = []
+    if doors.get("dask_tls"):
+        locks.append("Dask: TLS, client certificates signed by "
+                     f"{doors['dask_tls']['tls_ca_file']}")
+    if doors.get("mlflow_basic_auth"):
+        locks.append(f"MLflow: basic auth (admin {doors['mlflow_basic_auth']!r}; clients set "
+                     "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD)")
+    if doors.get("prefect_auth_string"):
+        locks.append("Prefect: auth string (clients set PREFECT_API_AUTH_STRING)")
+    for line in locks:
+        print(f"  locked       {line}")
 
 
 def _down(args: argparse.Namespace) -> int:
