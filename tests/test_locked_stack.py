@@ -253,6 +253,10 @@ def test_a_locked_stack_runs_a_study_and_refuses_strangers(tmp_path):
         address = state["env"]["PIPETUNE_DASK_ADDRESS"]
         assert address.startswith("tls://127.0.0.1:"), address
         assert "locked       Prefect: auth string" in up.stdout
+        shell = run_stack("env", "--dir", str(directory), env=base)  # no secret needed
+        outputs.append(shell.stdout + shell.stderr)
+        assert f"export PIPETUNE_DASK_ADDRESS={address}" in shell.stdout
+        assert f"export PIPETUNE_DASK_TLS_KEY={pki['stack_key']}" in shell.stdout
 
         # -- 1. a user tunes through it: the stack's env, the user's own certificate ----------
         user = {**base, **state["env"], **locks,

@@ -139,10 +139,13 @@ def add_stack(subparsers: argparse._SubParsersAction) -> None:
         "up", help="start the stack and print the environment to use it",
         description="Start every component, each waited for until healthy; write "
         "stack.json (URLs, PIDs, start-up seconds) and print the environment to export. "
-        "Exits 2 if a stack already runs in the folder."))
+        "Exits 2 if a stack already runs in the folder. Locks, from the environment "
+        "(see `pydoc pipetune.stack.doors`): PIPETUNE_DASK_TLS_CA_FILE/_CERT/_KEY put TLS "
+        "with client certificates on Dask, MLFLOW_TRACKING_USERNAME/_PASSWORD basic auth on "
+        "MLflow, PREFECT_API_AUTH_STRING an auth string on Prefect."))
     u.add_argument("--host", default="127.0.0.1",
                    help="address every component binds to (default 127.0.0.1; any other "
-                   "address puts a password on PostgreSQL and exposes the rest unprotected: "
+                   "address puts a password on PostgreSQL and exposes the rest unless locked: "
                    "see `pydoc pipetune.stack`)")
     u.add_argument("--workers", type=int, default=2, help="Dask workers (default 2)")
     u.add_argument("--cores-per-worker", type=int, default=1,
@@ -161,5 +164,5 @@ def add_stack(subparsers: argparse._SubParsersAction) -> None:
     with_dir(actions.add_parser(
         "env", help="print `export X=...` lines: eval \"$(pipetune stack env)\"",
         description="PREFECT_API_URL, MLFLOW_TRACKING_URI, PIPETUNE_DASK_ADDRESS, "
-        "PIPETUNE_GROUNDTRUTH and PIPETUNE_CHECKPOINTS of the stack, as shell export "
-        "lines."))
+        "PIPETUNE_GROUNDTRUTH and PIPETUNE_CHECKPOINTS of the stack (with TLS on Dask, "
+        "the PIPETUNE_DASK_TLS_* paths too; never a password), as shell export lines."))
