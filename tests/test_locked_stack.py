@@ -26,6 +26,7 @@ import secrets
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -264,10 +265,12 @@ def test_a_locked_stack_runs_a_study_and_refuses_strangers(tmp_path):
                 "PIPETUNE_DASK_TLS_KEY": pki["user_key"]}
         job_file = home / "locked-job.yaml"
         job_file.write_text(json.dumps(synthetic_job("locked-job", trials=2)))
+        started = time.monotonic()
         tune = subprocess.run([sys.executable, "-m", "pipetune", "tune", str(job_file)],
                               env=user, cwd=REPO, capture_output=True, text=True, timeout=600)
         outputs.append(tune.stdout + tune.stderr)
         assert tune.returncode == 0, f"tune failed:\n{tune.stdout}\n{tune.stderr}"
+        tune_s = time.monotonic() - started
 
         mlflow_url, prefect_api = state["urls"]["mlflow"], state["urls"]["prefect_api"]
         os.environ["MLFLOW_TRACKING_USERNAME"] = "team-admin"
@@ -334,6 +337,8 @@ def test_a_locked_stack_runs_a_study_and_refuses_strangers(tmp_path):
     leaks += [f"{what} in {where}" for where, text in blobs.items()
               for what, needle in needles.items() if needle.decode() in text]
     assert not leaks, leaks
+    print(f"\nlocked stack up: {state['startup_s']}; `pipetune tune` (2 trials) {tune_s:.1f} s; "
+          f"{watch.samples} process-list samples, {len(watch.lines)} command lines")
     assert list((home / ".pipetune" / "studies").iterdir()), "no study folder was scanned"
     assert watch.samples >= 10 and any("dask worker" in ln or "dask-worker" in ln
                                        for ln in watch.lines), watch.samples
