@@ -29,10 +29,11 @@ def skip_without_postgres(*, psycopg: bool = False) -> None:
         pytest.skip("MLflow on PostgreSQL needs psycopg: pip install 'psycopg[binary]>=3.2'")
 
 
-def run_stack(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """``python -m pipetune stack ARGS``, its output captured."""
+def run_stack(*args: str, timeout: float = 600,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m pipetune stack ARGS``, its output captured (in ``env``, else ours)."""
     return subprocess.run([sys.executable, "-m", "pipetune", "stack", *args],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=env)
 
 
 @contextlib.contextmanager

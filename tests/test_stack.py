@@ -182,3 +182,55 @@ def test_the_default_folder_follows_pipetune_home(monkeypatch, tmp_path):
 
     monkeypatch.setenv("PIPETUNE_HOME", str(tmp_path))
     assert default_dir() == tmp_path / "stack"
+
+
+def test_up_refuses_half_a_lock_before_starting_anything(tmp_path, monkeypatch, capsys):
+    from pipetune.stack.doors import SECRET_ENV
+
+    for name in SECRET_ENV:
+        monkeypatch.delenv(name, raising=False)
+    up = ["stack", "up", "--dir", str(tmp_path)]
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
+    assert main(up) == 2
+    assert "MLFLOW_TRACKING_PASSWORD" in capsys.readouterr().err
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "too-short")
+    assert main(up) == 2
+    err = capsys.readouterr().err
+    assert "12 characters" in err and "too-short" not in err
+    monkeypatch.delenv("MLFLOW_TRACKING_USERNAME")
+    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD")
+    (tmp_path / "ca.pem").write_text("not read here")
+    monkeypatch.setenv("PIPETUNE_DASK_TLS_CA_FILE", str(tmp_path / "ca.pem"))
+    assert main(up) == 2
+    assert "PIPETUNE_DASK_TLS_CERT" in capsys.readouterr().err
+    monkeypatch.setenv("PIPETUNE_DASK_TLS_CERT", str(tmp_path / "missing.pem"))
+    monkeypatch.setenv("PIPETUNE_DASK_TLS_KEY", str(tmp_path / "ca.pem"))
+    assert main(up) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert not (tmp_path / "stack.json").exists()  # nothing was started
+
+
+def test_the_locks_keep_their_keys_to_themselves(tmp_path):
+    from pipetune.stack.doors import Doors
+
+    for name in ("ca.pem", "s.pem", "s.key"):
+        (tmp_path / name).write_text("x")
+    doors = Doors.from_env({
+        "PREFECT_API_AUTH_STRING": "team:prefect-secret", "MLFLOW_TRACKING_USERNAME": "admin",
+        "MLFLOW_TRACKING_PASSWORD": "mlflow-secret-123",
+        "PIPETUNE_DASK_TLS_CA_FILE": str(tmp_path / "ca.pem"),
+        "PIPETUNE_DASK_TLS_CERT": str(tmp_path / "s.pem"),
+        "PIPETUNE_DASK_TLS_KEY": str(tmp_path / "s.key")})
+    public = repr(doors) + json.dumps(doors.record()) + " ".join(doors.dask_args())
+    assert "secret" not in public and str(tmp_path / "s.key") in public
+    assert doors.scheme == "tls"
+    assert doors.client_env()["PREFECT_API_AUTH_STRING"] == "team:prefect-secret"
+    assert doors.prefect_headers() == {"Authorization": "Basic dGVhbTpwcmVmZWN0LXNlY3JldA=="}
+    server = doors.mlflow_server_env(tmp_path)
+    assert server["MLFLOW_AUTH_ADMIN_PASSWORD"] == "mlflow-secret-123"
+    assert "secret" not in Path(server["MLFLOW_AUTH_CONFIG_PATH"]).read_text()
+    key = tmp_path / "flask-secret-key"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert doors.mlflow_server_env(tmp_path)["MLFLOW_FLASK_SERVER_SECRET_KEY"] == \
+        key.read_text().strip()  # kept across starts
+    assert Doors.from_env({}) == Doors() and Doors().scheme == "tcp"

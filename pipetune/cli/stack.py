@@ -43,6 +43,7 @@ def _up(args: argparse.Namespace) -> int:
         print(f"  Dask UI      {urls['dask_dashboard']}")
     print(f"  PostgreSQL   {state['components'][0]['url']}   "
           f"(databases {', '.join(state['postgres']['databases'])})")
+    _print_locks(state.get("doors") or {})
     print("to use it, export:")
     for line in env_lines(state):
         print(f"  {line}")
@@ -50,6 +51,21 @@ def _up(args: argparse.Namespace) -> int:
     print(f"or: eval \"$(pipetune stack env --dir {quoted})\"; stop it with "
           f"`pipetune stack down --dir {quoted}`")
     return 0
+
+
+def _print_locks(doors: dict) -> None:
+    """Which doors are locked; the keys are the user's own and are not printed."""
+    locks = []
+    if doors.get("dask_tls"):
+        locks.append("Dask: TLS, client certificates signed by "
+                     f"{doors['dask_tls']['tls_ca_file']}")
+    if doors.get("mlflow_basic_auth"):
+        locks.append(f"MLflow: basic auth (admin {doors['mlflow_basic_auth']!r}; clients set "
+                     "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD)")
+    if doors.get("prefect_auth_string"):
+        locks.append("Prefect: auth string (clients set PREFECT_API_AUTH_STRING)")
+    for line in locks:
+        print(f"  locked       {line}")
 
 
 def _down(args: argparse.Namespace) -> int:
@@ -123,10 +139,13 @@ def add_stack(subparsers: argparse._SubParsersAction) -> None:
         "up", help="start the stack and print the environment to use it",
         description="Start every component, each waited for until healthy; write "
         "stack.json (URLs, PIDs, start-up seconds) and print the environment to export. "
-        "Exits 2 if a stack already runs in the folder."))
+        "Exits 2 if a stack already runs in the folder. Locks, from the environment "
+        "(see `pydoc pipetune.stack.doors`): PIPETUNE_DASK_TLS_CA_FILE/_CERT/_KEY put TLS "
+        "with client certificates on Dask, MLFLOW_TRACKING_USERNAME/_PASSWORD basic auth on "
+        "MLflow, PREFECT_API_AUTH_STRING an auth string on Prefect."))
     u.add_argument("--host", default="127.0.0.1",
                    help="address every component binds to (default 127.0.0.1; any other "
-                   "address puts a password on PostgreSQL and exposes the rest unprotected: "
+                   "address puts a password on PostgreSQL and exposes the rest unless locked: "
                    "see `pydoc pipetune.stack`)")
     u.add_argument("--workers", type=int, default=2, help="Dask workers (default 2)")
     u.add_argument("--cores-per-worker", type=int, default=1,
@@ -145,5 +164,5 @@ def add_stack(subparsers: argparse._SubParsersAction) -> None:
     with_dir(actions.add_parser(
         "env", help="print `export X=...` lines: eval \"$(pipetune stack env)\"",
         description="PREFECT_API_URL, MLFLOW_TRACKING_URI, PIPETUNE_DASK_ADDRESS, "
-        "PIPETUNE_GROUNDTRUTH and PIPETUNE_CHECKPOINTS of the stack, as shell export "
-        "lines."))
+        "PIPETUNE_GROUNDTRUTH and PIPETUNE_CHECKPOINTS of the stack (with TLS on Dask, "
+        "the PIPETUNE_DASK_TLS_* paths too; never a password), as shell export lines."))

@@ -18,16 +18,13 @@ answers and the Prefect worker and the work pool once the Prefect server does
    (type ``process``, concurrency limit 1: one flow run at a time), created through the
    API, and one **Prefect worker** on it (no port: it polls the API; it gives the pool
    its base job template).
-   Protect the API with basic auth: start the server with
-   ``PREFECT_SERVER_API_AUTH_STRING="user:password"`` and give every client
-   ``PREFECT_API_AUTH_STRING`` with the same value (and TLS in a reverse proxy).
+   Locked with an auth string when ``PREFECT_API_AUTH_STRING`` is set (below).
 3. **MLflow tracking server** (``mlflow server``) on PostgreSQL, artifacts proxied
    (``--serve-artifacts``) into ``DIR/mlflow-artifacts``: one HTTP port (health
    ``/health``; MLflow 3's job runner for GenAI scorers is off:
-   ``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false`` unless set). Protect it with MLflow's
-   basic auth, ``mlflow server --app-name basic-auth`` (users in its own database;
-   clients set ``MLFLOW_TRACKING_USERNAME`` and ``MLFLOW_TRACKING_PASSWORD``), and
-   ``--allowed-hosts`` (set for you when H is not loopback).
+   ``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false`` unless set); ``--allowed-hosts`` set
+   when H is not loopback. Locked with MLflow's basic auth when
+   ``MLFLOW_TRACKING_USERNAME`` and ``MLFLOW_TRACKING_PASSWORD`` are set (below).
 4. **Dask scheduler** (``dask scheduler``): one TCP port (``tcp://H:P``) and an HTTP
    port (health, metrics; the dashboard when bokeh is installed). Then N **Dask
    workers** (``dask worker``, one process each, C threads, resource ``cores=C``, named
@@ -36,15 +33,31 @@ answers and the Prefect worker and the work pool once the Prefect server does
    ``PIPETUNE_CHECKPOINTS`` set (as the Prefect worker has) and the
    repository on ``PYTHONPATH`` (``PIPETUNE_HOME`` unset, so it follows that ``HOME``);
    each listens on a port of its own, its nanny's and an HTTP port (health, metrics),
-   all bound to H. Dask has no passwords: protect it with TLS and client certificates,
-   ``distributed.security.Security(tls_ca_file=..., tls_client_cert=...,
-   tls_client_key=..., require_encryption=True)`` in clients and ``dask scheduler
-   --tls-ca-file ca.pem --tls-cert sched.pem --tls-key sched.key`` (``dask worker
-   --tls-ca-file ... --tls-cert ... --tls-key ...``), with ``tls://`` addresses.
+   all bound to H. Dask has no passwords: locked with TLS and client certificates when
+   ``PIPETUNE_DASK_TLS_*`` are set (below).
 
-On anything but 127.0.0.1 only PostgreSQL gets a password from this command: the
-Prefect API, MLflow and Dask are open to whoever reaches the ports until you add the
-protections above.
+**Locked doors** (:mod:`pipetune.stack.doors`): ``up`` reads the same variables a client
+of the stack sets, each lock on its own:
+
+- ``PIPETUNE_DASK_TLS_CA_FILE``, ``PIPETUNE_DASK_TLS_CERT``, ``PIPETUNE_DASK_TLS_KEY``:
+  the scheduler and workers listen on ``tls://`` with that certificate and accept only
+  peers with a certificate the CA signed (plain TCP, no certificate or another CA's:
+  refused); the address in ``stack env`` is ``tls://`` and the three paths are
+  exported with it (a user replaces the certificate and key with their own);
+- ``MLFLOW_TRACKING_USERNAME`` and ``MLFLOW_TRACKING_PASSWORD`` (12 characters or
+  more): ``mlflow server --app-name basic-auth`` with that user as its admin (users in
+  ``DIR/mlflow/basic_auth.db``; a later ``up`` keeps the stored password; the Flask
+  secret key in ``DIR/mlflow/flask-secret-key``, 0600); needs ``mlflow[auth]``;
+- ``PREFECT_API_AUTH_STRING`` (or ``PREFECT_SERVER_API_AUTH_STRING``): the Prefect
+  server answers only requests carrying it (``/api/health`` excepted).
+
+The Prefect worker and the Dask workers get the credentials they need in their
+environment. No secret is put on a command line, in a log or in ``stack.json``
+(``doors`` there says which locks are on, and the TLS files' paths). Half a lock (a user
+without a password, two of the three TLS files) is refused before anything starts.
+
+On anything but 127.0.0.1, unlocked, only PostgreSQL gets a password from this command:
+the Prefect API, MLflow and Dask are open to whoever reaches the ports.
 
 Each component is a detached process (a session of its own, it outlives ``up``) with
 ``DIR/logs/<name>.log`` and ``DIR/run/<name>.pid``. ``DIR/stack.json`` (mode 0600)
@@ -54,6 +67,8 @@ holds: ``version``, ``dir``, ``host``, ``state`` (starting, running, failed, sto
 (``postgres``, ``prefect_api``, ``prefect_ui``, ``mlflow``, ``dask_scheduler``,
 ``dask_dashboard`` when served, ``groundtruth``), ``env`` (the five variables below),
 ``startup_s`` (seconds per component, ``work-pool``, ``dask-workers`` and ``total``),
+``doors`` (``dask_tls``: the three paths or null, ``mlflow_basic_auth``: the admin's
+name or null, ``prefect_auth_string``: true or false),
 ``postgres`` (port, user, data_dir, databases; ``password`` off loopback) and
 ``components`` (per process: name, pid, ticks, url, log, pid_file, startup_s,
 stop_signal, group).
@@ -62,7 +77,8 @@ stop_signal, group).
 ``PREFECT_API_URL``, ``MLFLOW_TRACKING_URI``, ``PIPETUNE_DASK_ADDRESS``,
 ``PIPETUNE_GROUNDTRUTH`` (a ``postgresql://`` URL of the ``pipetune`` database) and
 ``PIPETUNE_CHECKPOINTS=mlflow`` (studies keep their checkpoints as artifacts of their
-MLflow run, through the tracking server's artifact proxy).
+MLflow run, through the tracking server's artifact proxy); with TLS on Dask, the three
+``PIPETUNE_DASK_TLS_*`` too.
 ``down`` stops the components in reverse order, SIGTERM (PostgreSQL: SIGINT, a fast
 shutdown), SIGKILL after a grace; the data stays and a later ``up`` reuses it and, when
 they are free, the same ports. ``status`` lists each component, its PID, alive or not,

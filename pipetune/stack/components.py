@@ -23,10 +23,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pipetune.dask.address import is_loopback
+from pipetune.dask.address import TLS_ENV, is_loopback
 from pipetune.errors import PipetuneError
 from pipetune.net import free_port
 from pipetune.stack import _proc, probes
+from pipetune.stack.doors import SECRET_ENV, Doors
 from pipetune.stack.postgres import Postgres, connect_host
 from pipetune.stack.state import (
     CHECKPOINTS,
@@ -56,8 +57,10 @@ class Pending:
 
 class Launcher:
     def __init__(self, directory: Path, host: str, workers: int, cores: int, timeout: float,
-                 say: Callable[[str], None], old: dict[str, Any] | None):
+                 say: Callable[[str], None], old: dict[str, Any] | None,
+                 doors: Doors | None = None):
         self.dir = directory
+        self.doors = doors or Doors()
         self.host = host
         self.local = connect_host(host)
         self.public = socket.gethostname() if host in _WILDCARDS else host
@@ -85,6 +88,7 @@ class Launcher:
             "env": {},
             "startup_s": {},
             "components": [],
+            "doors": self.doors.record(),
         }
 
     # ports, addresses, environments
@@ -107,7 +111,8 @@ class Launcher:
         urls["prefect_api"] = f"http://{self.hp(pub, p['prefect'])}/api"
         urls["prefect_ui"] = f"http://{self.hp(pub, p['prefect'])}"
         urls["mlflow"] = f"http://{self.hp(pub, p['mlflow'])}"
-        urls["dask_scheduler"] = f"tcp://{self.hp(pub, p['dask-scheduler'])}"
+        scheme = self.doors.scheme
+        urls["dask_scheduler"] = f"{scheme}://{self.hp(pub, p['dask-scheduler'])}"
         urls["groundtruth"] = pg.url("pipetune", host=pub)
         self.state["env"] = {
             "PREFECT_API_URL": urls["prefect_api"],
@@ -116,18 +121,21 @@ class Launcher:
             "PIPETUNE_GROUNDTRUTH": urls["groundtruth"],
             "PIPETUNE_CHECKPOINTS": CHECKPOINTS,
         }
+        if self.doors.dask_tls:  # paths, no secret: a user's shell needs them too
+            tls = {k: v for k, v in self.doors.client_env().items() if k in TLS_ENV.values()}
+            self.state["env"].update(tls)
         # What the components themselves use: the local address of each other.
         self.local_env = {
             "PREFECT_API_URL": f"http://{self.hp(self.local, p['prefect'])}/api",
             "MLFLOW_TRACKING_URI": f"http://{self.hp(self.local, p['mlflow'])}",
-            "PIPETUNE_DASK_ADDRESS": f"tcp://{self.hp(self.local, p['dask-scheduler'])}",
+            "PIPETUNE_DASK_ADDRESS": f"{scheme}://{self.hp(self.local, p['dask-scheduler'])}",
             "PIPETUNE_GROUNDTRUTH": pg.url("pipetune"),
             "PIPETUNE_CHECKPOINTS": CHECKPOINTS,
         }
 
     def base_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items()
-               if k not in ENV_KEYS
+               if k not in ENV_KEYS and k not in SECRET_ENV
                and not k.startswith(("PREFECT_SERVER_DATABASE", "PREFECT_API_DATABASE"))}
         env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
         env["MLFLOW_DISABLE_TELEMETRY"] = "true"
@@ -139,6 +147,7 @@ class Launcher:
         store, the repository on the import path."""
         env = self.base_env()
         env.update(self.local_env)
+        env.update(self.doors.client_env())
         root = repository_root()
         if root is not None:
             parts = [str(root)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -256,6 +265,9 @@ class Launcher:
             "PREFECT_SERVER_API_HOST": self.host,
             "PREFECT_SERVER_API_PORT": str(port),
         })
+        if self.doors.prefect_auth:  # the server's own services are clients of its API too
+            env["PREFECT_SERVER_API_AUTH_STRING"] = self.doors.prefect_auth
+            env["PREFECT_API_AUTH_STRING"] = self.doors.prefect_auth
         if self.host in _WILDCARDS:
             env["PREFECT_UI_API_URL"] = self.state["urls"]["prefect_api"]
         api = self.local_env["PREFECT_API_URL"]
@@ -270,7 +282,7 @@ class Launcher:
         runs at once), through the Prefect API: the server must be healthy."""
         started = time.monotonic()
         probes.ensure_work_pool(self.local_env["PREFECT_API_URL"], WORK_POOL, "process",
-                                WORK_POOL_CONCURRENCY)
+                                WORK_POOL_CONCURRENCY, headers=self.doors.prefect_headers())
         self.state["work_pool_concurrency_limit"] = WORK_POOL_CONCURRENCY
         self.state["startup_s"]["work-pool"] = round(time.monotonic() - started, 2)
         self.save()
@@ -291,7 +303,8 @@ class Launcher:
             [_executable("prefect"), "worker", "start", "--pool", WORK_POOL, "--type", "process",
              "--name", worker_name],
             env, f"{WORK_POOL}/{worker_name}",
-            lambda: probes.pool_has_worker(api, WORK_POOL, worker_name), cwd=folder)
+            lambda: probes.pool_has_worker(api, WORK_POOL, worker_name,
+                                           headers=self.doors.prefect_headers()), cwd=folder)
 
     def mlflow(self) -> Pending:
         port = self.state["ports"]["mlflow"]
@@ -304,6 +317,10 @@ class Launcher:
         env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
         store = self.pg.url("mlflow", driver="postgresql+psycopg")
         argv = [_executable("mlflow"), "server"]
+        auth = self.doors.mlflow_server_env(folder)
+        if auth:  # the admin and its password by environment, not on the command line
+            env.update(auth)
+            argv += ["--app-name", "basic-auth"]
         if self.pg.password and not self.pg.loopback:
             env["MLFLOW_BACKEND_STORE_URI"] = store  # the password stays out of `ps`
         else:
@@ -328,7 +345,7 @@ class Launcher:
         dash = self.port("dask-dashboard")
         self.state["ports"]["dask-dashboard"] = dash
         argv = [_executable("dask"), "scheduler", "--host", self.host, "--port", str(port),
-                "--dashboard-address", self.hp(self.host, dash)]
+                "--dashboard-address", self.hp(self.host, dash), *self.doors.dask_args()]
         if _has_bokeh():
             self.state["urls"]["dask_dashboard"] = f"http://{self.hp(self.public, dash)}/status"
         else:
@@ -344,7 +361,7 @@ class Launcher:
         """The workers, each with a home of its own, as on a machine of its own; the
         scheduler must be healthy."""
         address = self.local_env["PIPETUNE_DASK_ADDRESS"]
-        self.dask_count = count = probes.DaskCount(address)
+        self.dask_count = count = probes.DaskCount(address, self.doors.dask_security())
         pending = []
         for i in range(1, self.workers + 1):
             name = f"w-{i}"
@@ -372,7 +389,7 @@ class Launcher:
                     "--name", name, "--host", self.host, "--local-directory",
                     str(home / "dask-scratch"), "--no-dashboard",
                     # its HTTP server (health, metrics) listens anyway: on the host only
-                    "--dashboard-address", self.hp(self.host, 0)]
+                    "--dashboard-address", self.hp(self.host, 0), *self.doors.dask_args()]
             pending.append(self.launch(
                 f"dask-worker-{name}", argv, env,
                 f"{name}@{self.state['urls']['dask_scheduler']}",

@@ -21,6 +21,7 @@ from typing import Any
 from pipetune.errors import PipetuneError
 from pipetune.stack import _proc
 from pipetune.stack.components import Launcher
+from pipetune.stack.doors import Doors
 from pipetune.stack.state import (
     STACK_FILE,
     component_alive,
@@ -51,6 +52,7 @@ def up(directory: Path | str | None = None, *, host: str = "127.0.0.1", workers:
         raise PipetuneError("--cores-per-worker must be at least 1")
     directory = Path(directory).expanduser().absolute() if directory else default_dir()
     say = echo or (lambda _m: None)
+    doors = Doors.from_env()
     with locked(directory):
         old = load(directory)
         alive = running(old)
@@ -59,7 +61,8 @@ def up(directory: Path | str | None = None, *, host: str = "127.0.0.1", workers:
             raise PipetuneError(
                 f"a stack is already running in {directory}: {names}; stop it with "
                 f"`pipetune stack down --dir {shlex.quote(str(directory))}` first")
-        return _start(Launcher(directory, host, workers, cores_per_worker, timeout, say, old))
+        return _start(Launcher(directory, host, workers, cores_per_worker, timeout, say, old,
+                               doors))
 
 
 def _start(launcher: Launcher) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipetune.dask.address import TLS_ENV
 from pipetune.errors import PipetuneError
 from pipetune.stack import _proc
 
@@ -126,8 +127,10 @@ def status(directory: Path | str) -> list[ComponentStatus]:
 
 
 def env(state: dict[str, Any]) -> dict[str, str]:
-    """What a user exports to use the stack."""
-    return {k: state["env"][k] for k in ENV_KEYS if k in state.get("env", {})}
+    """What a user exports to use the stack (the TLS files' paths with TLS on Dask;
+    MLflow's and Prefect's credentials are the user's own, never recorded)."""
+    keys = (*ENV_KEYS, *TLS_ENV.values())
+    return {k: state["env"][k] for k in keys if k in state.get("env", {})}
 
 
 def env_lines(state: dict[str, Any]) -> list[str]:
