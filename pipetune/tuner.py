@@ -122,14 +122,6 @@ class TuningDecision:
         if (self.remember is None) != (self.remember_cost is None):
             raise ValueError("remember and remember_cost are set together or not at all")
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        # A journal written before the fields were renamed holds the old names.
-        self.__dict__.update({_RENAMED_FIELDS.get(k, k): v for k, v in state.items()})
-
-
-#: ``TuningDecision`` fields under their names before issue 25 (old journals hold them).
-_RENAMED_FIELDS = {"record": "remember", "record_cost": "remember_cost",
-                   "record_one_time": "remember_one_time", "record_speedup": "remember_speedup"}
 
 
 class SystemTuner:

@@ -11,7 +11,6 @@ from known import CONV_JOB, DENSE_JOB, noisy
 
 from pipetune.errors import SpecError, SystemConfigError
 from pipetune.groundtruth import GroundTruth
-from pipetune.journal import StudyJournal
 from pipetune.profiler.profile import Profile
 from pipetune.system.config import MachineInfo, SystemConfig
 from pipetune.tuner import (
@@ -284,24 +283,6 @@ def test_tuner_and_its_values_cross_a_process_boundary():
     decision = tuner.next_epoch([obs], epochs_left=2, match=None)
     assert pickle.loads(pickle.dumps(decision)) == decision
     assert Phase("probe") is Phase.PROBE and str(Phase.TRAIN) == "train"
-
-
-def test_a_decision_journaled_under_the_old_field_names_still_reads(tmp_path):
-    # Before issue 25 the config to remember was ``record`` (``record_cost``, ...): a
-    # journal written then pickled those names, and --resume must still read them.
-    two = SystemConfig(cores=2)
-    old = object.__new__(TuningDecision)
-    old.__dict__.update(system=two, phase=Phase.TRAIN, record=two, record_cost=1.0,
-                        reason="train", inputs={}, record_one_time=0.5, record_speedup=3.0)
-    journal = StudyJournal(tmp_path, "old").create()
-    journal.append("decision", 0, old)
-    journal.close()
-    [event] = StudyJournal(tmp_path, "old").events()
-    decision = event.data
-    assert decision == TuningDecision(two, Phase.TRAIN, two, 1.0, "train",
-                                      remember_one_time=0.5, remember_speedup=3.0)
-    assert decision.remember == two and decision.remember_cost == 1.0
-    assert not hasattr(decision, "record")
 
 
 def test_a_config_invalid_in_combination_is_not_a_spec_error():
