@@ -162,6 +162,12 @@ class StudyJournal:
         if len(complete) < len(text):
             self._fh.truncate(len(complete))
         self._seq = complete.count(b"\n")
+        if not self._seq and self.header_path.exists():
+            # Its first event: a study an earlier pipetune created but that stopped
+            # before any event is a journal of this format from now on.
+            header = self.header()
+            if header.get("journal_format") != JOURNAL_FORMAT:
+                self._write_header({**header, "journal_format": JOURNAL_FORMAT})
 
     def close(self) -> None:
         with self._lock:

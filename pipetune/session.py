@@ -94,10 +94,11 @@ class StudyOptions:
 
 def check_study(spec: JobSpec, options: StudyOptions) -> None:
     """The refusals that need no cluster, no server and no record, in one place: a study
-    to resume must exist, a ground truth must read, a scheduler address must be one
-    pipetune connects to. :func:`open_study` makes them first; a caller with servers to
-    start (``pipetune tune``) makes them before it starts any, so a refusal costs
-    nothing (exit 2, nothing recorded)."""
+    to resume must exist (its journal in the current format), a ground truth must read,
+    a scheduler address must be one pipetune connects to. :func:`open_study` makes them
+    first; a caller with servers to start (``pipetune tune``) makes them before it
+    starts any, so a refusal costs nothing (exit 2, nothing recorded). (``tune`` checks
+    its ``--dask-address`` itself, with ``--allow-insecure-dask``.)"""
     from pipetune.dask.address import check_scheduler_address
     from pipetune.groundtruth import GroundTruth
     from pipetune.journal import find_study, studies_root

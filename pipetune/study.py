@@ -632,11 +632,10 @@ class Study:
             self.resumed_epochs += 1
         elif event.kind == "failed" and store_refused(event):
             pass  # the trial goes on: its refused epoch stays queued (or is planned)
-        elif event.kind == "failed":  # (epoch, error[, traceback file]): older have 2
-            epoch, error, *kept = event.data
+        elif event.kind == "failed":  # (epoch, error, traceback file or None)
+            epoch, error, traceback_file = event.data
             self._unqueue(event.trial, epoch)
-            self.on_epoch_failed(event.trial, epoch, error,
-                                 traceback_file=kept[0] if kept else None)
+            self.on_epoch_failed(event.trial, epoch, error, traceback_file=traceback_file)
         elif event.kind == "match":
             self.set_match(event.trial, event.data)
         elif event.kind == "decision":

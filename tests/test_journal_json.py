@@ -19,7 +19,6 @@ from pipetune.groundtruth import GroundTruth
 from pipetune.journal import JournalError, StudyJournal
 from pipetune.runner import EpochResult
 from pipetune.spec import JobSpec
-from pipetune.states import Phase
 from pipetune.study import Study
 from pipetune.system.config import MachineInfo
 from pipetune.tuner import TuningDecision
@@ -83,7 +82,6 @@ def test_a_field_of_the_wrong_type_is_refused_naming_its_line_and_path(tmp_path)
     journal.events_path.write_text("\n".join(lines) + "\n")
     with pytest.raises(JournalError, match="result.phase: 'sideways' is not one of"):
         journal.events()
-    assert Phase("profile") is Phase.PROFILE
 
 
 class _Payload:
@@ -122,3 +120,20 @@ def test_an_old_pickled_journal_is_refused_and_never_unpickled(tmp_path, monkeyp
     assert "Traceback" not in out.stderr
     assert not marker.exists()  # nothing unpickled
     assert json.loads((folder / "study.json").read_text())["status"] == "stopped"
+
+
+def test_a_study_an_earlier_version_left_without_events_resumes_and_resumes_again(tmp_path):
+    """Its header has no ``journal_format`` and it has no events: nothing to refuse.
+    The first JSON event marks the header, so the next resume reads it."""
+    folder = tmp_path / "studies" / "early-1"
+    folder.mkdir(parents=True)
+    (folder / "study.json").write_text(json.dumps({"study_id": "early-1",
+                                                   "status": "stopped", "created": 1.0}))
+    resumed = StudyJournal(tmp_path / "studies", "early-1")
+    resumed.check_format()  # no events: not refused
+    resumed.append("unconfirmed", 0, "model graph changed")
+    resumed.close()
+    again = StudyJournal(tmp_path / "studies", "early-1")
+    again.check_format()
+    assert [e.data for e in again.events()] == ["model graph changed"]
+    assert again.header()["status"] == "stopped"  # the rest of the header kept

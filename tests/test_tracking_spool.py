@@ -426,3 +426,26 @@ def test_a_tune_whose_server_is_killed_exits_0_and_flush_sends_the_rest(tmp_path
         assert sorted(steps) == [1, 2, 3]
     parent = client.get_run(parent_id)
     assert parent.info.status == "FINISHED" and parent.data.metrics["study_epochs_run"] == 9
+
+
+def test_a_write_after_a_line_a_crash_tore_is_kept_and_the_spool_still_reads(tmp_path):
+    """The recorder killed mid-write leaves a torn last line: the next write starts a
+    line of its own (not lost inside the torn one), and every later read works."""
+    from pipetune.tracking.spool import Spool
+
+    path = tmp_path / "mlflow-spool.jsonl"
+    first = Spool(path)
+    first.append("log", ("run-1", [("m", 1.0, 1, 10)], [], []), {"tracking_uri": "x"})
+    first.append("log", ("run-1", [("m", 2.0, 2, 20)], [], []), {"tracking_uri": "x"})
+    with open(path, "a") as f:
+        f.write('{"seq":2,"op":"log_te')  # the crash cut this write short
+    again = Spool(path)  # the next process
+    again.append("terminate", ("run-1", "FINISHED", 30), {"tracking_uri": "x"})
+    again.append("terminate", ("run-2", "FINISHED", 40), {"tracking_uri": "x"})
+    with again.locked():
+        header, writes = again.read()
+    assert header == {"tracking_uri": "x"}
+    assert [w["op"] for w in writes] == ["log", "log", "terminate", "terminate"]
+    assert [w["seq"] for w in writes] == [0, 1, 2, 3]
+    assert all(line.startswith("{") and line.endswith("}")
+               for line in path.read_text().splitlines())

@@ -311,8 +311,9 @@ class DaskBackend(EpochBackend):
         if now - self._frozen_checked < self.FROZEN_CHECK_S:
             return
         self._frozen_checked = now
-        with self._lock:
-            busy = {s.worker for s in self._sent.values() if s.worker} - self._retiring
+        with self._lock:  # a finished epoch waiting to be settled is not lost
+            busy = {s.worker for s in self._sent.values()
+                    if s.worker and not s.future.done()} - self._retiring
         if not busy:
             return
         silent = self.client.run_on_scheduler(_silent_workers, workers=sorted(busy),
@@ -327,7 +328,8 @@ class DaskBackend(EpochBackend):
             self.retired[worker] = time.time()
             self._retiring.add(worker)
             self._workers_at = -math.inf
-            lost = [s for s in self._sent.values() if s.worker == worker]
+            lost = [s for s in self._sent.values()
+                    if s.worker == worker and not s.future.done()]
             for sent in lost:
                 del self._sent[sent.future.key]
                 self._cpus_in_use.get(_host(worker), set()).difference_update(sent.task.cpus)
@@ -487,10 +489,20 @@ class DaskBackend(EpochBackend):
         else:
             # Not on a retired worker (a frozen one never answers), nor failing on a
             # worker that leaves meanwhile: its models and pending writes go with it.
+            # A worker that froze while idle (never retired: only busy workers are
+            # watched) would never answer: the broadcast is given FROZEN_S, then left.
             live = list(self._workers(fresh=True))
             if live:
-                self.client.run(remote_release, study_id, None, workers=live,
-                                on_error="return")
+                asked = threading.Thread(
+                    target=self.client.run, args=(remote_release, study_id, None),
+                    kwargs={"workers": live, "on_error": "return"}, daemon=True,
+                    name="pipetune-release")
+                asked.start()
+                asked.join(self.FROZEN_S)
+                if asked.is_alive():
+                    logger.warning("releasing study %s: a worker did not answer within "
+                                   "%.0f s (frozen?); its models go when it does",
+                                   study_id, self.FROZEN_S)
 
     def cancel(self) -> None:
         with self._lock:

@@ -173,8 +173,15 @@ class Spool:
             return len(self.read()[1])
 
     def _append(self, entry: dict[str, Any]) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(entry, separators=(",", ":")) + "\n")
+        with open(self.path, "ab+") as f:
+            # A line a crash left torn (no newline) is cut first: the next entry must
+            # start a line of its own, or it would be lost inside the torn one.
+            f.seek(0)
+            text = f.read()
+            if text and not text.endswith(b"\n"):
+                f.truncate(text.rfind(b"\n") + 1)
+            f.seek(0, 2)
+            f.write(json.dumps(entry, separators=(",", ":")).encode() + b"\n")
 
     def append(self, op: str, args: tuple[Any, ...], header: dict[str, Any]) -> None:
         """Write ``op(*args)`` after those waiting (the header first, in a new file)."""
