@@ -47,3 +47,27 @@ def test_in_a_log_the_final_table_title_starts_on_its_own_line(monkeypatch):
                        and i > live_title and "log-job" not in line)
     assert lines[final_title].strip() == "trials", lines[final_title]
     assert lines[final_title - 1].rstrip().endswith("┘")  # the live table ended just above
+
+
+def test_the_table_is_rebuilt_at_most_four_times_a_second_and_the_last_step_is_shown(
+        monkeypatch):
+    """A long study steps hundreds of times a second; the table (built from every trial)
+    is drawn at most every 0.25 s, and the last step is drawn when the display closes."""
+    from pipetune.events import Stepped
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    drawn: list[int] = []
+
+    class Counting(_LiveDisplay):
+        def update(self, study) -> None:
+            drawn.append(len(study.trials))
+            super().update(study)
+
+    display = Counting(trials=300, metric="accuracy")
+    with display:
+        study = _study()
+        for i in range(1, 301):  # 300 steps, as fast as the loop can go
+            study.trials[i] = Trial(trial_id=i, params={"lr": 0.1}, seed=i)
+            display.observe(Stepped(study=study))
+        assert 1 <= len(drawn) <= 3, drawn
+    assert drawn[-1] == 301  # closing drew the newest step
