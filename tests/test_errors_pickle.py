@@ -31,6 +31,7 @@ SAMPLES = {
         "[Errno 28] No space left on device"),
     "JournalError": lambda c: c("line 2 is corrupt"),
     "DataError": lambda c: c("result.phase: 'sideways' is not one of 'profile', ..."),
+    "StoreUnavailable": lambda c: c("MLflow at http://127.0.0.1:5000 did not answer"),
     "Stopped": lambda c: c(signal.SIGTERM),
     "StudyStuck": lambda c: c("nothing launchable"),
     "SidecarError": lambda c: c("recorder gone"),
