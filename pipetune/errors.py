@@ -92,6 +92,14 @@ class CheckpointWriteError(StorageError):
     exit_code = 1
 
 
+def refused_by_store(error: str | None) -> bool:
+    """Whether an epoch's one-line error (``Type: message``) is the checkpoint store's
+    refusal: not the trial's fault (the study counts these apart, a resume lets the
+    trial go on). The one test, for the engine, its replay and the MLflow record."""
+    name = CheckpointWriteError.__name__
+    return error is not None and (error == name or error.startswith(f"{name}:"))
+
+
 class GroundTruthError(PipetuneError):
     """The ground-truth store is unreadable or was used wrongly."""
 

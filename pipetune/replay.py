@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from pipetune.errors import CheckpointWriteError
+from pipetune.errors import refused_by_store
 
 if TYPE_CHECKING:
     from pipetune.journal import Event
@@ -19,8 +19,7 @@ def store_refused(event: Event) -> bool:
     """Whether ``event`` is a trial's failure because the checkpoint store refused its
     checkpoint (:class:`~pipetune.errors.CheckpointWriteError`: full, read-only), not
     its own fault: a resumed study lets the trial go on from its last checkpoint."""
-    return (event.kind == "failed"
-            and str(event.data[1]).startswith(f"{CheckpointWriteError.__name__}:"))
+    return event.kind == "failed" and refused_by_store(event.data[1])
 
 
 def replayable(

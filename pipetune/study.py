@@ -23,7 +23,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from pipetune.errors import CheckpointWriteError
+from pipetune.errors import refused_by_store
 from pipetune.events import (
     Broke,
     Decided,
@@ -443,7 +443,7 @@ class Study:
 
     def _count_failure(self, trial: Trial, failure: EpochFailure) -> None:
         limit = self.spec.search.failure_limit
-        if failure.type == CheckpointWriteError.__name__:
+        if refused_by_store(failure.line()):
             self._count_store_refusal(trial, failure, limit)
             return
         if not limit or self.broken is not None or self._any_epoch_finished():

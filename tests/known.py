@@ -122,3 +122,17 @@ def wait_until_healthy(url: str, proc, log_path, timeout_s: float = 120.0) -> No
         assert proc.poll() is None, Path(log_path).read_text()[-3000:]
         assert time.monotonic() < deadline, f"{url} did not come up in {timeout_s:.0f} s"
         time.sleep(0.5)
+
+
+def tune_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a ``pipetune tune`` subprocess of a test: its own pipetune and
+    Prefect homes under ``tmp_path``, this checkout and the tests' helpers importable,
+    and no Prefect API (it starts its own server)."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PIPETUNE_HOME": str(tmp_path / "home"),
+           "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PYTHONPATH": os.pathsep.join(
+               p for p in (str(root / "tests"), str(root), os.environ.get("PYTHONPATH", ""))
+               if p)}
+    env.pop("PREFECT_API_URL", None)
+    return env

@@ -4,7 +4,6 @@ KILLED, with every epoch logged before the signal."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -15,11 +14,10 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from known import synthetic_job
+from known import synthetic_job, tune_env
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _epochs_logged(db: Path) -> int:
@@ -50,11 +48,7 @@ def _start_tune(tmp_path: Path, name: str, *extra: str, **popen: object) -> subp
     job["workload"]["params"]["base_seconds"] = 3.0
     job["search"]["max_concurrent"] = 2
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    env = {**os.environ, "PIPETUNE_HOME": str(tmp_path / "home"),
-           "PREFECT_HOME": str(tmp_path / "prefect"),
-           "PYTHONPATH": os.pathsep.join(
-               p for p in (str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-    env.pop("PREFECT_API_URL", None)
+    env = tune_env(tmp_path)
     return subprocess.Popen([sys.executable, "-m", "pipetune", "tune", "job.yaml", *extra],
                             cwd=tmp_path, env=env, **popen)
 

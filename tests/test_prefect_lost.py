@@ -17,11 +17,10 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from known import synthetic_job, wait_until_healthy
+from known import synthetic_job, tune_env, wait_until_healthy
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
 TRIALS, EPOCHS = 3, 3
 
 
@@ -32,11 +31,7 @@ def _start_tune(tmp_path: Path, name: str, env_extra: dict[str, str] | None = No
     job["workload"]["params"]["base_seconds"] = 1.0
     job["search"]["max_concurrent"] = 2
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    env = {**os.environ, "PIPETUNE_HOME": str(tmp_path / "home"),
-           "PREFECT_HOME": str(tmp_path / "prefect"),
-           "PYTHONPATH": os.pathsep.join(
-               p for p in (str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-    env.pop("PREFECT_API_URL", None)
+    env = tune_env(tmp_path)
     env.update(env_extra or {})
     return subprocess.Popen([sys.executable, "-m", "pipetune", "tune", "job.yaml"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE,

@@ -176,10 +176,12 @@ class Spool:
         with open(self.path, "ab+") as f:
             # A line a crash left torn (no newline) is cut first: the next entry must
             # start a line of its own, or it would be lost inside the torn one.
-            f.seek(0)
-            text = f.read()
-            if text and not text.endswith(b"\n"):
-                f.truncate(text.rfind(b"\n") + 1)
+            end = f.seek(0, 2)
+            if end:
+                f.seek(end - 1)
+                if f.read(1) != b"\n":  # rare: only then is the whole file read
+                    f.seek(0)
+                    f.truncate(f.read().rfind(b"\n") + 1)
             f.seek(0, 2)
             f.write(json.dumps(entry, separators=(",", ":")).encode() + b"\n")
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipetune.errors import refused_by_store
 from pipetune.states import Phase, TrialState
 from pipetune.tracking import DEFAULT_EXPERIMENT, mlflow_client
 from pipetune.tracking.sink import MlflowSink
@@ -308,7 +309,7 @@ class StudyTracker:
             metrics.append((f"final_{metric}", float(value), trial.epochs_run, now))
         # A trial the checkpoint store refused goes on when the study is resumed: its
         # phases (a param, written once) are logged when it really ends.
-        refused = trial.failure is not None and trial.failure.type == "CheckpointWriteError"
+        refused = trial.failure is not None and refused_by_store(trial.failure.line())
         params = [("phases", phase_runs(trial)[:6000])] if trial.results and not refused \
             else []
         self._sink.send("log", run, metrics, params, tags)
