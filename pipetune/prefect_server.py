@@ -27,6 +27,18 @@ _CLIENT_RETRIES = "PREFECT_CLIENT_MAX_RETRIES"
 #: Settings naming the server's database; when the user sets one, it is used as is.
 _DATABASE_SETTINGS = (
     "PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL")
+#: The servers pipetune starts store task runs and events in batches (Prefect's defaults:
+#: the task-run recorder one transaction per event, the event persister flushing every
+#: 5 s). A study's recorder sends each task-run state as an event (``tasks.task_runs``);
+#: one transaction per event cost the server ~0.8 of a core in a 500-trial study on 2
+#: cores, batches ~0.4 (``benchmarks/RESULTS.md``, "Load"). Set in the environment, they
+#: win: a user's value is kept.
+RECORDER_SETTINGS = {
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "200",
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",
+    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE": "200",
+    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "1",
+}
 
 
 def healthy(api_url: str, timeout: float = 2.0) -> bool:
@@ -74,6 +86,8 @@ class LocalPrefectServer:
         """Start the server process and return at once (see :meth:`wait_healthy`)."""
         env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
         env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+        for name, value in RECORDER_SETTINGS.items():
+            env.setdefault(name, value)
         env["PREFECT_SERVER_API_HOST"] = self.host
         env["PREFECT_SERVER_API_PORT"] = str(self.port)
         if not any(k in env for k in _DATABASE_SETTINGS):

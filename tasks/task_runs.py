@@ -5,16 +5,18 @@ state events, its thread) cost the study loop ~50 ms of every epoch's round trip
 here, and the profile lookup and tuning decision as task runs another ~25 ms between
 epochs: GIL time the loop waited for. So the engine does that work itself, emits what
 it did with its times (:mod:`pipetune.events`), and :class:`TaskRunWriter` tells
-Prefect what ran: each ``train-epoch``, ``profile-lookup``
-and ``tune-system`` is still one task run of the flow run, named as before, Running
-while it runs and Completed (or Failed, Cancelled) with the real times, and linked to
-the trial's previous task run so the UI draws each trial as a chain. The API calls
-happen in the recorder process (:mod:`pipetune.sidecar`), never in the loop.
+Prefect what ran: each ``train-epoch``, ``profile-lookup`` and ``tune-system`` is still
+one task run of the flow run, named as before, Running while it runs (when the
+recorder sees it running) and Completed (or Failed, Cancelled) with the real times, and
+linked to the trial's previous task run so the UI draws each trial as a chain. The
+task runs reach Prefect as the events its own task engine emits, in batches, from the
+recorder process (:mod:`pipetune.sidecar`), never from the loop.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import threading
 import time
@@ -26,16 +28,28 @@ from pipetune.sidecar import Channel, shared_host
 
 
 class TaskRunSink:
-    """In the recorder process: creates and settles the task runs of one flow run.
+    """In the recorder process: records the task runs of one flow run in Prefect.
+
+    Each state is sent the way Prefect's own task engine records a task run since
+    Prefect 3: as a ``prefect.task-run.<State>`` event, which the server's task-run
+    recorder turns into the task run and its state. The events queued since the last
+    write go in one ``POST /api/events`` (not two orchestrated API calls per task run):
+    one request per recorder pass, whatever the study's pace.
 
     The Prefect API may stop answering mid-study (its server killed, restarting, its
-    network gone): training goes on, so nothing here raises for that. Each state is
-    queued in the order it was sent and written in that order; while the API does not
-    answer, writes are tried again after a growing pause (1 s doubling to 15 s) as
-    more states arrive, so the ones queued go in, in order, once it answers again. At
-    :meth:`close` the sink waits up to ``catch_up_s`` (default: ``$PIPETUNE_PREFECT_CATCH_UP_S``,
-    else 10 s) for the API, trying every second, then raises :class:`PrefectUnreachable`
-    saying how many states Prefect never got."""
+    network gone): training goes on, so nothing here raises for that. Events are
+    queued in the order they happened and sent in that order; while the API does not
+    answer, writes are tried again after a growing pause (1 s doubling to 15 s) as more
+    arrive. A server killed may have taken events it had not yet stored, so when the
+    API stops answering, the events sent in the :data:`RESEND_S` before are queued again
+    ahead of the rest (a state is keyed by its event's id: one stored twice is one).
+    At :meth:`close` the sink waits up to ``catch_up_s`` (default:
+    ``$PIPETUNE_PREFECT_CATCH_UP_S``, else 10 s) for the API and for every task run to
+    be stored in its last state, sending again what is missing, then raises
+    :class:`PrefectUnreachable` saying how many task runs Prefect does not have."""
+
+    RESEND_S = 30.0  # how far back a lost server may have dropped events it had taken
+    BATCH = 500  # events per request
 
     def __init__(self, api_url: str, flow_run_id: str, catch_up_s: float | None = None):
         from prefect.client.orchestration import get_client
@@ -45,7 +59,8 @@ class TaskRunSink:
         from tasks.epoch import train_epoch
         from tasks.tuning import decide_system, lookup_groundtruth
 
-        self._tasks = {t.name: t for t in (train_epoch, lookup_groundtruth, decide_system)}
+        self._task_keys = {t.name: t.task_key for t in
+                           (train_epoch, lookup_groundtruth, decide_system)}
         # This process may have imported Prefect before the study's API was known. No
         # retries inside a call (Prefect's own back off for a minute per call): the
         # sink backs off itself, between calls, without holding the queue.
@@ -59,10 +74,17 @@ class TaskRunSink:
             self._client.__enter__()
         self._api_url = api_url or str(PREFECT_API_URL.value() or "")
         self._flow_run_id = uuid.UUID(flow_run_id)
-        self._last: dict[int, uuid.UUID] = {}
+        self._last: dict[int, str] = {}  # trial -> its last task run (the chain's link)
+        self._runs: dict[str, dict[str, Any]] = {}  # task run -> what its events carry
+        self._final: dict[str, dict[str, Any]] = {}  # task run -> its last event
         self.catch_up_s = catch_up_s if catch_up_s is not None else float(
             os.environ.get("PIPETUNE_PREFECT_CATCH_UP_S") or 10.0)
-        self._queued: collections.deque[tuple[str, tuple]] = collections.deque()
+        self._queued: collections.deque[dict[str, Any]] = collections.deque()
+        self._sent: collections.deque[tuple[float, dict[str, Any]]] = collections.deque()
+        # A Running state still queued when its task run ends is not sent: the final
+        # state's event carries the start time too, so a lookup, a decision (sent when
+        # done) or an epoch that ended before the recorder's next pass is one event.
+        self._unsent: dict[str, dict[str, Any]] = {}
         self._pause_s = 0.0
         self._retry_at = 0.0
         self._unanswered: BaseException | None = None  # the last reason, while it lasts
@@ -74,83 +96,157 @@ class TaskRunSink:
         return SettingsContext(profile=profile, settings=settings)
 
     def start(self, run_id: str, task: str, name: str, trial_id: int, at: float) -> None:
-        self._queued.append(("_create", (run_id, task, name, trial_id, at)))
-        self._write_queued()
+        before = self._last.get(trial_id)
+        self._last[trial_id] = run_id
+        self._runs[run_id] = {
+            "name": name, "task_key": self._task_keys[task], "dynamic_key": run_id,
+            "tags": [f"trial-{trial_id}"], "labels": {}, "empirical_policy": {},
+            "task_inputs": {"wait_for": [{"input_type": "task_run", "id": before}]}
+            if before else {},
+            "run_count": 1, "flow_run_run_count": 1, "expected_start_time": _iso(at),
+            "start_time": _iso(at),
+        }
+        event = self._event(run_id, at, "RUNNING", "Running", None, None)
+        self._unsent[run_id] = event
+        self._queued.append(event)
 
     def finish(self, run_id: str, at: float, error: str | None = None,
                cancelled: bool = False) -> None:
-        self._queued.append(("_settle", (run_id, at, error, cancelled)))
-        self._write_queued()
+        run = self._runs.get(run_id)
+        if run is None:  # never started here: nothing to settle
+            return
+        started = datetime.fromisoformat(run["start_time"]).timestamp()
+        run.update(end_time=_iso(at), total_run_time=max(0.0, at - started))
+        if cancelled:
+            state = ("CANCELLED", "Cancelled", "the study stopped")
+        elif error is not None:
+            state = ("FAILED", "Failed", error[:5000])
+        else:
+            state = ("COMPLETED", "Completed", None)
+        event = self._event(run_id, at, *state, "RUNNING")
+        running = self._unsent.pop(run_id, None)
+        if running is not None:  # not sent yet: the final state alone says it all
+            running["superseded"] = True
+        self._final[run_id] = event
+        self._queued.append(event)
 
     def idle(self) -> None:
         self._write_queued()
 
+    def _event(self, run_id: str, at: float, kind: str, name: str, message: str | None,
+               before: str | None) -> dict[str, Any]:
+        """One state of task run ``run_id`` as Prefect's task engine writes it."""
+        run = self._runs[run_id]
+        state = {"type": kind, "name": name, "message": message or "", "state_details": {},
+                 "data": None}
+        return {
+            "id": str(uuid.uuid4()), "occurred": _iso(at), "event": f"prefect.task-run.{name}",
+            "resource": {
+                "prefect.resource.id": f"prefect.task-run.{run_id}",
+                "prefect.resource.name": run["name"], "prefect.run-count": "1",
+                "prefect.state-message": message or "", "prefect.state-name": name,
+                "prefect.state-timestamp": _iso(at), "prefect.state-type": kind,
+                "prefect.orchestration": "client",
+            },
+            "related": [
+                {"prefect.resource.id": f"prefect.flow-run.{self._flow_run_id}",
+                 "prefect.resource.role": "flow-run"},
+                *({"prefect.resource.id": f"prefect.tag.{tag}", "prefect.resource.role": "tag"}
+                  for tag in run["tags"]),
+            ],
+            "payload": {
+                "intended": {"from": before, "to": kind},
+                "initial_state": {"type": before, "name": before.title(), "message": "",
+                                  "state_details": {}} if before else None,
+                "validated_state": state,
+                "task_run": dict(run),
+            },
+        }
+
     def _write_queued(self) -> bool:
-        """Write what is queued, in order, unless the API is in a pause; whether all is."""
+        """Send what is queued, in order, unless the API is in a pause; whether all is."""
         if self._queued and time.monotonic() < self._retry_at:
             return False
         while self._queued:
-            method, args = self._queued[0]
+            count = min(self.BATCH, len(self._queued))
+            batch = [event for event in itertools.islice(self._queued, count)
+                     if not event.get("superseded")]
             try:
-                with self._settings_context():
-                    getattr(self, method)(*args)
+                if batch:
+                    with self._settings_context():
+                        self._client.request("POST", "/events", json=batch).raise_for_status()
             except Exception as e:
                 if not _unanswered(e):
-                    self._queued.popleft()  # a refusal: said once, never retried
+                    for _ in range(count):  # a refusal: said once, never retried
+                        self._queued.popleft()
                     raise
+                if self._unanswered is None:  # the outage starts: what it may have lost
+                    self._queued.extendleft(reversed([ev for _, ev in self._sent]))
+                    self._sent.clear()
                 self._unanswered = e
                 self._pause_s = min(15.0, max(1.0, self._pause_s * 2))
                 self._retry_at = time.monotonic() + self._pause_s
                 return False
-            self._queued.popleft()
+            now = time.monotonic()
+            for _ in range(count):
+                self._queued.popleft()
+            for event in batch:
+                self._unsent.pop(event["payload"]["task_run"]["dynamic_key"], None)
+                self._sent.append((now, event))
+            while self._sent and self._sent[0][0] < now - self.RESEND_S:
+                self._sent.popleft()
             self._pause_s, self._unanswered = 0.0, None
         return True
 
-    def _create(self, run_id: str, task: str, name: str, trial_id: int, at: float) -> None:
-        from prefect.client.schemas.objects import TaskRunResult
-        from prefect.states import Running
-
-        rid = uuid.UUID(run_id)
-        before = self._last.get(trial_id)
-        self._client.create_task_run(
-            task=self._tasks[task], flow_run_id=self._flow_run_id, dynamic_key=run_id,
-            id=rid, name=name, extra_tags=[f"trial-{trial_id}"],
-            state=Running(timestamp=_when(at)),
-            task_inputs={"wait_for": [TaskRunResult(id=before)]} if before else {},
-        )
-        self._last[trial_id] = rid
-
-    def _settle(self, run_id: str, at: float, error: str | None, cancelled: bool) -> None:
-        from prefect.states import Cancelled, Completed, Failed
-
-        when = _when(at)
-        if cancelled:
-            state = Cancelled(timestamp=when, message="the study stopped")
-        elif error is not None:
-            state = Failed(timestamp=when, message=error[:5000])
-        else:
-            state = Completed(timestamp=when)
-        self._client.set_task_run_state(uuid.UUID(run_id), state, force=True)
+    def _missing(self) -> list[str]:
+        """The task runs Prefect does not have in their last state (yet)."""
+        runs = list(self._final)
+        missing: list[str] = []
+        for i in range(0, len(runs), 200):
+            chunk = runs[i:i + 200]
+            with self._settings_context():
+                response = self._client.request("POST", "/task_runs/filter", json={
+                    "task_runs": {"id": {"any_": chunk}}, "limit": 200})
+            response.raise_for_status()
+            have = {r["id"]: r.get("state_id") for r in response.json()}
+            missing += [r for r in chunk if have.get(r) != self._final[r]["id"]]
+        return missing
 
     def close(self) -> None:
-        """Write what is still queued, waiting up to ``catch_up_s`` for the API."""
+        """Send what is still queued and see every task run stored in its last state,
+        waiting up to ``catch_up_s`` for the API, sending again what it lost."""
         deadline = time.monotonic() + self.catch_up_s
+        missing: list[str] = list(self._final)
+        resent_at = time.monotonic()
         try:
             self._retry_at = 0.0  # the end: no pause left to wait out, one try a second
-            while not self._write_queued():
+            while True:
+                if self._write_queued():
+                    try:
+                        missing = self._missing()
+                    except Exception as e:
+                        if not _unanswered(e):
+                            raise
+                        self._unanswered = e
+                    else:
+                        if not missing:
+                            return
+                        if time.monotonic() - resent_at > 3.0:  # stored within 3 s, or lost
+                            self._queued.extend(self._final[r] for r in missing)
+                            resent_at = time.monotonic()
                 now = time.monotonic()
                 if now >= deadline:
                     break
-                time.sleep(min(1.0, deadline - now))
+                time.sleep(min(0.2 if self._unanswered is None else 1.0, deadline - now))
                 self._retry_at = 0.0
         finally:
             self._client.__exit__(None, None, None)
-        if self._queued:
-            e = self._unanswered
-            raise PrefectUnreachable(
-                f"the Prefect API at {self._api_url} stopped answering "
-                f"({type(e).__name__}: {e}): {len(self._queued)} task-run state(s) of "
-                f"flow run {self._flow_run_id} are not recorded there")
+        e = self._unanswered
+        why = f"stopped answering ({type(e).__name__}: {e})" if e else "did not store them"
+        raise PrefectUnreachable(
+            f"the Prefect API at {self._api_url} {why}: {len(missing)} of "
+            f"{len(self._final)} task run(s) of flow run {self._flow_run_id} are not "
+            f"recorded there in their last state")
 
 
 class PrefectUnreachable(RuntimeError):
@@ -168,8 +264,8 @@ def _unanswered(error: BaseException) -> bool:
     return getattr(response, "status_code", 0) in (502, 503, 504)
 
 
-def _when(at: float) -> datetime:
-    return datetime.fromtimestamp(at, UTC)
+def _iso(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).isoformat()
 
 
 class TaskRunWriter:

@@ -26,6 +26,7 @@ from typing import Any
 from pipetune.dask.address import TLS_ENV, is_loopback
 from pipetune.errors import PipetuneError
 from pipetune.net import free_port
+from pipetune.prefect_server import RECORDER_SETTINGS
 from pipetune.stack import _proc, probes
 from pipetune.stack.doors import SECRET_ENV, Doors
 from pipetune.stack.postgres import Postgres, connect_host
@@ -257,7 +258,7 @@ class Launcher:
         port = self.state["ports"]["prefect"]
         home = self._prefect_home()
         db_url = self.pg.url("prefect", driver="postgresql+asyncpg")
-        env = self.base_env()
+        env = {**RECORDER_SETTINGS, **self.base_env()}
         env.update({
             "PREFECT_HOME": str(home),
             "PREFECT_SERVER_DATABASE_CONNECTION_URL": db_url,
