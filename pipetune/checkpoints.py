@@ -128,7 +128,9 @@ class CheckpointStore:
     """
 
     #: Pruning policies: ``best-and-last`` (each ended trial keeps its last checkpoint
-    #: and its best epoch's), ``all`` (nothing is deleted).
+    #: and its best epoch's), ``all`` (none of its checkpoints is deleted). Under both,
+    #: what a lost or frozen worker wrote for an epoch that was sent again (the
+    #: superseded attempts, :func:`superseded_attempts`) is deleted: no result is there.
     KEEP_POLICIES = ("best-and-last", "all")
 
     def __init__(self, root: str | Path, keep: str = "best-and-last"):
@@ -146,15 +148,33 @@ class CheckpointStore:
 
     def prune_trial(self, results: Sequence[Any], metric: str, mode: str) -> list[str]:
         """Under the ``best-and-last`` policy, delete an ended trial's other checkpoints
-        in the background (the study does not wait on storage); the refs let go."""
-        if self.keep == "all":
-            return []
-        refs = self.prunable(results, metric, mode)
+        in the background (the study does not wait on storage); the refs let go. Under
+        either policy, the superseded attempts of its epochs go too."""
+        refs = [] if self.keep == "all" else self.prunable(results, metric, mode)
+        self.prune_superseded(results)
         if refs:
-            if self._pruner is None:
-                self._pruner = ThreadPoolExecutor(1, thread_name_prefix="pipetune-prune")
-            self._pruning.append(self._pruner.submit(self.remove, refs))
+            self._remove_later(self.remove, refs)
         return refs
+
+    def prune_superseded(self, results: Sequence[Any]) -> None:
+        """Delete, in the background, what earlier attempts of these results' epochs
+        may have written (a worker that woke up, or ran on unseen, writes late: the
+        study calls this again at its end)."""
+        refs = [old for r in results if r.checkpoint
+                for old in superseded_attempts(r.checkpoint)]
+        if refs:
+            self._remove_later(self._remove_present, refs)
+
+    def _remove_later(self, remove: Callable[[Sequence[str]], int], refs: list[str]) -> None:
+        if self._pruner is None:
+            self._pruner = ThreadPoolExecutor(1, thread_name_prefix="pipetune-prune")
+        self._pruning.append(self._pruner.submit(remove, refs))
+
+    @staticmethod
+    def _remove_present(refs: Sequence[str]) -> int:
+        """Delete those of ``refs`` that exist; how many."""
+        present = [ref for ref in refs if CheckpointStore.exists(ref)]
+        return CheckpointStore.remove(present)
 
     def wait_pruned(self) -> int:
         """Wait for the deletions asked so far; how many checkpoints they removed. A
@@ -311,6 +331,20 @@ def attempt_ref(ref: str, attempt: int) -> str:
     if not dot or "/" in suffix:
         return f"{base}.attempt-{attempt}"
     return f"{head}.attempt-{attempt}.{suffix}"
+
+
+def superseded_attempts(ref: str) -> list[str]:
+    """The references earlier attempts of ``ref``'s epoch wrote to, if it is a later
+    attempt (:func:`attempt_ref`); none for a first attempt.
+
+    >>> superseded_attempts("/ck/s/trial-001/epoch-002.attempt-3.pt")
+    ['/ck/s/trial-001/epoch-002.pt', '/ck/s/trial-001/epoch-002.attempt-2.pt']
+    """
+    found = _ATTEMPT.search(ref)
+    if found is None:
+        return []
+    attempt = int(found.group(0).rsplit("-", 1)[1])
+    return [attempt_ref(ref, k) for k in range(1, attempt)]
 
 
 def _snapshot(state: Any) -> Any:

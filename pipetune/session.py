@@ -275,6 +275,8 @@ class OpenedStudy:
                 raise BrokenWorkload(f"{study.broken.line} (and traceback.txt on the MLflow "
                                      f"run of trial {study.broken.trial_id})")
             extra = evaluate_best(study, backend)
+            for trial in study.trials.values():  # a woken worker's late write, again
+                self.checkpoints.prune_superseded(trial.results)
             extra["checkpoints_pruned"] = float(self.checkpoints.wait_pruned())
             wall_s = time.time() - started
             timings = orchestration_overhead(study)

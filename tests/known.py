@@ -81,10 +81,11 @@ def synthetic_job(name: str, *, seed: int = 0, trials: int = 3) -> dict:
 
 
 @contextlib.contextmanager
-def process_cluster(n_workers: int = 2, cores: int = 2) -> Iterator:
+def process_cluster(n_workers: int = 2, cores: int = 2, **options) -> Iterator:
     """A real Dask ``LocalCluster`` of process workers, one thread each, advertising
     ``cores`` and able to import this folder's test workloads; non-daemonic workers so
-    an epoch may start a data-loader process."""
+    an epoch may start a data-loader process. ``options`` go to the ``LocalCluster``
+    (``worker_port=...``: each worker, restarted too, on that port)."""
     import dask
     from distributed import LocalCluster
 
@@ -97,7 +98,7 @@ def process_cluster(n_workers: int = 2, cores: int = 2) -> Iterator:
                           "distributed.scheduler.allowed-failures": 0}):
         cluster = LocalCluster(
             n_workers=n_workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-            dashboard_address=None, resources={"cores": cores},
+            dashboard_address=None, resources={"cores": cores}, **options,
         )
     try:
         yield cluster

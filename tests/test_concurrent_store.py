@@ -78,3 +78,30 @@ def test_tune_commands_at_once_in_one_folder_all_finish(tmp_path, commands):
     slots = {p.name for p in (tmp_path / "prefect").glob("prefect*.db")}
     assert "prefect.db" in slots and "prefect-1.db" in slots
     assert slots <= {"prefect.db"} | {f"prefect-{i}.db" for i in range(1, commands)}
+
+
+def test_an_experiment_another_study_created_meanwhile_is_found(tmp_path, monkeypatch):
+    """On a tracking server, two studies may both find no experiment and both create it
+    (the file lock guards only a local SQLite store): the second gets
+    RESOURCE_ALREADY_EXISTS, and takes the one the first made."""
+    from mlflow.tracking import MlflowClient
+
+    import pipetune.tracking as tracking
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    made = MlflowClient(uri).create_experiment("pipetune")
+
+    class Late(MlflowClient):
+        """Asked first, the store has no experiment yet: the other study's is created
+        between this client's look and its create."""
+
+        looked = False
+
+        def get_experiment_by_name(self, name):
+            if not Late.looked:
+                Late.looked = True
+                return None
+            return super().get_experiment_by_name(name)
+
+    monkeypatch.setattr(tracking, "mlflow_client", Late)
+    assert tracking.ensure_experiment(uri) == made

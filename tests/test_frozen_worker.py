@@ -138,6 +138,41 @@ def test_a_frozen_worker_is_restarted_by_its_nanny_and_its_epoch_resent(
         assert retired not in client.scheduler_info(n_workers=-1)["workers"]
 
 
+def test_a_frozen_worker_restarted_on_its_own_port_is_placed_again(tmp_path, monkeypatch):
+    """One worker, its port fixed (``dask worker --worker-port``): its nanny restarts it
+    at the address it had, and the study, with no other worker, goes on there."""
+    from distributed import Client
+
+    from pipetune.backends import DaskBackend
+    from pipetune.net import free_port
+
+    marks = _marks(tmp_path, monkeypatch)
+    spec = three_trial_spec("frozen-port", "FreezingWorkload")
+    with process_cluster(n_workers=1, cores=1, worker_port=free_port()) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        [address] = client.scheduler_info(n_workers=-1)["workers"]
+        study = Study(spec, study_id="frozen-port", core_budget=1, machine=ONE_CORE_WORKERS,
+                      checkpoints=CheckpointStore(tmp_path / "ck"))
+        backend = DaskBackend(client)
+        backend.NO_WORKER_S = 60.0  # the bug this guards against waited out this bound
+        try:
+            study.run(backend)
+        finally:
+            frozen = (marks / "frozen-16").read_text().split()
+            if _alive(int(frozen[0])):
+                os.kill(int(frozen[0]), signal.SIGCONT)
+    assert list(backend.retired) == [address]
+    by_hidden = {t.params["hidden"]: t for t in study.trials.values()}
+    for hidden, trial in by_hidden.items():
+        assert trial.state == "completed", (hidden, trial.error)
+        assert [r.epoch for r in trial.results] == [1, 2, 3], (hidden, trial.results)
+    victim = by_hidden[16]
+    assert backend.resent == [(victim.trial_id, 2)]
+    # The resent epoch ran at the same address, in the process the nanny started.
+    assert backend.placements[(victim.trial_id, 2)][0] == address
+    assert victim.results[1].worker != f"{socket.gethostname()}:{frozen[0]}"
+
+
 @contextlib.contextmanager
 def _workers_without_nannies(n: int):
     """A scheduler and ``n`` ``dask worker --no-nanny`` processes (an existing cluster

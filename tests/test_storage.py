@@ -17,7 +17,11 @@ from known import wait_until_healthy
 
 torch = pytest.importorskip("torch")
 
-from pipetune.checkpoints import CheckpointStore, resolve_checkpoint_root  # noqa: E402
+from pipetune.checkpoints import (  # noqa: E402
+    CheckpointStore,
+    attempt_ref,
+    resolve_checkpoint_root,
+)
 from pipetune.errors import PipetuneError, StorageError  # noqa: E402
 from pipetune.net import free_port  # noqa: E402
 from pipetune.storage import resolve_location, storage_for  # noqa: E402
@@ -135,6 +139,31 @@ def test_pruning_keeps_the_last_and_the_best_checkpoint_of_an_ended_trial(tmp_pa
     assert keep_all.prune_trial(results, "accuracy", "max") == [] and keep_all.wait_pruned() == 0
     with pytest.raises(PipetuneError, match="best-and-last, all"):
         CheckpointStore(tmp_path, keep="none")
+
+
+@pytest.mark.parametrize("keep", CheckpointStore.KEEP_POLICIES)
+def test_what_a_lost_worker_wrote_for_a_resent_epoch_is_deleted(tmp_path, keep):
+    """Epoch 2 was sent again twice (its workers froze): the trial's result is the third
+    attempt's file; the first attempt's late write and the second's are deleted at the
+    trial's end, under either policy, and a write landing later at the study's end."""
+    store = CheckpointStore(tmp_path / "ck", keep=keep)
+    first = [store.ref("s", 0, e) for e in (1, 2, 3)]
+    results = [_Result(first[0], {"accuracy": 0.5}),
+               _Result(attempt_ref(first[1], 3), {"accuracy": 0.9}),
+               _Result(first[2], {"accuracy": 0.7})]
+    stale = [first[1], attempt_ref(first[1], 2)]
+    for ref in [r.checkpoint for r in results] + stale[:1]:
+        CheckpointStore.write_state({"w": torch.zeros(1)}, ref)
+    store.prune_trial(results, "accuracy", "max")
+    store.wait_pruned()
+    assert not CheckpointStore.exists(stale[0])
+    # The best (epoch 2's third attempt) and the last are kept either way.
+    assert CheckpointStore.exists(results[1].checkpoint)
+    assert CheckpointStore.exists(results[2].checkpoint)
+    assert CheckpointStore.exists(results[0].checkpoint) == (keep == "all")
+    CheckpointStore.write_state({"w": torch.zeros(1)}, stale[1])  # the second, woken late
+    store.prune_superseded(results)
+    assert store.wait_pruned() == 1 and not CheckpointStore.exists(stale[1])
 
 
 def test_a_store_crosses_to_a_worker_without_its_pruner(tmp_path):

@@ -449,3 +449,60 @@ def test_a_write_after_a_line_a_crash_tore_is_kept_and_the_spool_still_reads(tmp
     assert [w["seq"] for w in writes] == [0, 1, 2, 3]
     assert all(line.startswith("{") and line.endswith("}")
                for line in path.read_text().splitlines())
+
+
+class Partly(Down):
+    """:class:`Down`, per run: writes to a run in ``down_runs`` fail as a store that
+    does not answer; writes to one in ``refused_runs`` are refused (a bad value)."""
+
+    def __init__(self, uri: str):
+        super().__init__(uri)
+        self.down_runs: set[str] = set()
+        self.refused_runs: set[str] = set()
+
+    def log_batch(self, run_id, *args, **kwargs):
+        from mlflow.exceptions import MlflowException
+        from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+        if run_id in self.refused_runs:
+            raise MlflowException("Invalid value for metric 'loss'",
+                                  error_code=INVALID_PARAMETER_VALUE)
+        if run_id in self.down_runs:
+            self.down = True
+            try:
+                self._refuse()
+            finally:
+                self.down = False
+        return super().log_batch(run_id, *args, **kwargs)
+
+
+def test_a_failing_study_whose_waiting_write_was_refused_still_says_what_waits(
+        tmp_path, monkeypatch):
+    """The store refuses one waiting write and still does not answer for the rest: the
+    study's failure raises that refusal, and what waits in the spool (the rest, and the
+    study's end) is still said, not dropped with the error."""
+    from mlflow.exceptions import MlflowException
+
+    from pipetune.tracking import MlflowSink, sink
+
+    monkeypatch.setattr(sink, "RETRY_S", 0.0)  # every pass tries what waits
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = Partly(uri)
+    spool = tmp_path / "study" / "mlflow-spool.jsonl"
+    writer = MlflowSink(client=client, tracking_uri=uri, spool=str(spool), tags={})
+    writer.open_study("pipetune", "refused", {}, [], [])
+    writer.create_child(0)
+    writer.create_child(1)
+    children = writer.children()
+    client.down = True
+    writer.log(("trial", 0), [("loss", 0.5, 1, 1001)])
+    writer.log(("trial", 1), [("loss", 0.6, 1, 1001)])
+    writer.idle()
+    assert Spool(spool).waiting() == 2
+    client.down = False
+    client.refused_runs, client.down_runs = {children[0]}, {children[1]}
+    with pytest.raises(MlflowException, match="Invalid value") as raised:
+        writer.fail_study("FAILED", "broken", 1500)
+    note = raised.value.spool_note
+    assert note is not None and note.count == 2  # trial 1's write, then the study's end
+    assert note.path == str(spool) and Spool(spool).waiting() == 2

@@ -359,11 +359,23 @@ class DaskBackend(EpochBackend):
         try:
             info = self.client.scheduler_info(n_workers=-1).get("workers", {})
             if (info.get(worker) or {}).get("nanny"):
-                self.client.restart_workers([worker], timeout=60, raise_for_error=False)
-            elif worker in info:
-                self.client.run_on_scheduler(_remove_worker, address=worker)
+                done = self.client.restart_workers([worker], timeout=60,
+                                                   raise_for_error=False)
+                fresh = done.get(worker) == "OK"
+            else:
+                if worker in info:
+                    self.client.run_on_scheduler(_remove_worker, address=worker)
+                fresh = True
         except Exception as exc:  # noqa: BLE001 - the cluster closing meanwhile
             logger.warning("could not retire frozen worker %s: %s", worker, describe(exc))
+            return
+        if fresh:
+            # Restarted, or gone: a worker at this address from now on is a new process
+            # (a nanny restarts it on the same address when its port is fixed), and a
+            # woken one that was removed closes itself.
+            with self._lock:
+                self._retiring.discard(worker)
+                self._workers_at = -math.inf
 
     def _reroute(self) -> None:
         """Queue again every epoch the scheduler cannot place (``no-worker``: sent to a

@@ -61,12 +61,25 @@ def ensure_experiment(tracking_uri: str, name: str = DEFAULT_EXPERIMENT) -> str:
     or migrates its schema: two commands starting at once on a fresh store both failed
     there (``table _alembic_tmp_... already exists``)."""
 
+    from mlflow.exceptions import MlflowException
+
     with _store_lock(tracking_uri):
         client = mlflow_client(tracking_uri)
         experiment = client.get_experiment_by_name(name)
         if experiment is not None:
             return experiment.experiment_id
-        return client.create_experiment(name, artifact_location=_artifact_root(tracking_uri))
+        try:
+            return client.create_experiment(name,
+                                            artifact_location=_artifact_root(tracking_uri))
+        except MlflowException as e:
+            # Another study on the same tracking server created it meanwhile (the file
+            # lock above guards only a SQLite store on this machine).
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            experiment = client.get_experiment_by_name(name)
+            if experiment is None:
+                raise
+            return experiment.experiment_id
 
 
 def ensure_experiment_in_recorder(tracking_uri: str, name: str = DEFAULT_EXPERIMENT) -> str:

@@ -274,6 +274,9 @@ class MlflowSink:
         except Exception as e:  # noqa: BLE001
             error = error or e
         if error is not None:
+            # What waits in the spool is still said (the caller ends the runs itself).
+            with contextlib.suppress(Exception):
+                error.spool_note = self.waiting()  # type: ignore[attr-defined]
             raise error
         return self.waiting()
 

@@ -384,10 +384,11 @@ class StudyTracker:
             try:
                 self._note(self._sink.call("fail_study", status, reason, end_ms,
                                            timeout=timeout))
-            except Exception:  # noqa: BLE001 - failing already; say what was lost, and
-                # end the runs from here (the recorder may be gone)
+            except Exception as e:  # noqa: BLE001 - failing already; say what was lost,
+                # and end the runs from here (the recorder may be gone)
                 logger.warning("MLflow: some writes of study run %s were lost",
                                self.parent_run_id, exc_info=True)
+                self._note(getattr(e, "spool_note", None))
             else:
                 with contextlib.suppress(Exception):
                     self.close(timeout)
