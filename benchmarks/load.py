@@ -204,7 +204,7 @@ def many_at_once(work: Path, studies: int, label: str,
             f"- exit codes: {codes}; all {studies} took {wall:.0f} s together",
             f"- studies whose records are complete and once (1 study run, 4 trial runs, "
             f"3 `train_loss` values each, all FINISHED): {complete}/{studies}",
-            f"- overhead per epoch, median of each study (ms): "
+            "- overhead per epoch, median of each study (ms): "
             + ", ".join(f"{o:.0f}" for o in overhead), ""]
 
 
