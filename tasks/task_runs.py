@@ -75,7 +75,7 @@ class TaskRunSink:
         self._api_url = api_url or str(PREFECT_API_URL.value() or "")
         self._flow_run_id = uuid.UUID(flow_run_id)
         self._last: dict[int, str] = {}  # trial -> its last task run (the chain's link)
-        self._runs: dict[str, dict[str, Any]] = {}  # task run -> what its events carry
+        self._runs: dict[str, dict[str, Any]] = {}  # running task run -> its fields
         self._final: dict[str, dict[str, Any]] = {}  # task run -> its last event
         self.catch_up_s = catch_up_s if catch_up_s is not None else float(
             os.environ.get("PIPETUNE_PREFECT_CATCH_UP_S") or 10.0)
@@ -106,14 +106,14 @@ class TaskRunSink:
             "run_count": 1, "flow_run_run_count": 1, "expected_start_time": _iso(at),
             "start_time": _iso(at),
         }
-        event = self._event(run_id, at, "RUNNING", "Running", None, None)
+        event = self._event(run_id, self._runs[run_id], at, "RUNNING", "Running", None, None)
         self._unsent[run_id] = event
         self._queued.append(event)
 
     def finish(self, run_id: str, at: float, error: str | None = None,
                cancelled: bool = False) -> None:
-        run = self._runs.get(run_id)
-        if run is None:  # never started here: nothing to settle
+        run = self._runs.pop(run_id, None)
+        if run is None:  # never started here (or settled already): nothing to settle
             return
         started = datetime.fromisoformat(run["start_time"]).timestamp()
         run.update(end_time=_iso(at), total_run_time=max(0.0, at - started))
@@ -123,7 +123,7 @@ class TaskRunSink:
             state = ("FAILED", "Failed", error[:5000])
         else:
             state = ("COMPLETED", "Completed", None)
-        event = self._event(run_id, at, *state, "RUNNING")
+        event = self._event(run_id, run, at, *state, "RUNNING")
         running = self._unsent.pop(run_id, None)
         if running is not None:  # not sent yet: the final state alone says it all
             running["superseded"] = True
@@ -133,10 +133,10 @@ class TaskRunSink:
     def idle(self) -> None:
         self._write_queued()
 
-    def _event(self, run_id: str, at: float, kind: str, name: str, message: str | None,
-               before: str | None) -> dict[str, Any]:
-        """One state of task run ``run_id`` as Prefect's task engine writes it."""
-        run = self._runs[run_id]
+    def _event(self, run_id: str, run: dict[str, Any], at: float, kind: str, name: str,
+               message: str | None, before: str | None) -> dict[str, Any]:
+        """One state of task run ``run_id`` (``run``: its fields) as Prefect's task
+        engine writes it."""
         state = {"type": kind, "name": name, "message": message or "", "state_details": {},
                  "data": None}
         return {
