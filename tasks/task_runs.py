@@ -24,6 +24,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+from pipetune.net import api_unreachable
 from pipetune.sidecar import Channel, shared_host
 
 
@@ -176,7 +177,7 @@ class TaskRunSink:
                     with self._settings_context():
                         self._client.request("POST", "/events", json=batch).raise_for_status()
             except Exception as e:
-                if not _unanswered(e):
+                if not api_unreachable(e):
                     for _ in range(count):  # a refusal: said once, never retried
                         self._queued.popleft()
                     raise
@@ -225,7 +226,7 @@ class TaskRunSink:
                     try:
                         missing = self._missing()
                     except Exception as e:
-                        if not _unanswered(e):
+                        if not api_unreachable(e):
                             raise
                         self._unanswered = e
                     else:
@@ -251,17 +252,6 @@ class TaskRunSink:
 
 class PrefectUnreachable(RuntimeError):
     """The Prefect API did not answer: some task-run states were never written."""
-
-
-def _unanswered(error: BaseException) -> bool:
-    """Whether ``error`` means the API did not answer (down, restarting, unreachable,
-    overloaded), as opposed to refusing the call."""
-    import httpx
-
-    if isinstance(error, httpx.TransportError):
-        return True
-    response = getattr(error, "response", None)
-    return getattr(response, "status_code", 0) in (502, 503, 504)
 
 
 def _iso(at: float) -> str:

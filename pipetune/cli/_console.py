@@ -17,27 +17,12 @@ import sys
 from collections.abc import Iterator
 
 from pipetune.errors import PipetuneError
+from pipetune.net import api_unreachable
 from pipetune.session import NOTICE_ATTR  # a notice line's log-record attribute
 
 #: The loggers a flow run's records start from; their handlers up to the root are the
 #: console's candidates.
 _RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
-
-
-def api_unreachable(error: BaseException | None) -> bool:
-    """Whether ``error`` (or what caused it) says an HTTP API did not answer: refused,
-    reset, timed out, or a 502/503/504 from a proxy in front of it."""
-    seen = 0
-    while error is not None and seen < 10:
-        names = {f"{c.__module__}.{c.__name__}" for c in type(error).__mro__}
-        if {"httpx.TransportError", "httpcore.NetworkError", "httpcore.TimeoutException"} \
-                & names:
-            return True
-        status = getattr(getattr(error, "response", None), "status_code", 0)
-        if status in (502, 503, 504):
-            return True
-        error, seen = error.__cause__ or error.__context__, seen + 1
-    return False
 
 
 class FlowConsole:

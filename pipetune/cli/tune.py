@@ -240,8 +240,9 @@ def _run_study_flow(args: argparse.Namespace, startup: _BackgroundStartup, serve
     that finished is a success even if the Prefect API stopped answering before the
     flow run's end could be recorded: one `warning:` line says what Prefect lacks."""
     from flows.study import flow_settings, study_flow
-    from pipetune.cli._console import api_unreachable, quiet_flow_tracebacks
+    from pipetune.cli._console import quiet_flow_tracebacks
     from pipetune.events import StudyFinished
+    from pipetune.net import api_unreachable
     from pipetune.session import observing
 
     spec = startup.spec
