@@ -125,6 +125,28 @@ def _decisions_as_task_runs(task_runs: TaskRunWriter) -> Observer:
     return observe
 
 
+def current_flow_run_id() -> str | None:
+    """The id of the flow run this code runs in (an engine observer does), if any."""
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    run = getattr(context, "flow_run", None)
+    return str(run.id) if run is not None else None
+
+
+def settle_flow_run(flow_run_id: str, message: str) -> None:
+    """Record flow run ``flow_run_id`` Completed now: its study finished while the
+    Prefect server was being started again, so the engine's own end never reached it."""
+    import uuid
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Completed
+
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(uuid.UUID(flow_run_id), Completed(message=message),
+                                  force=True)
+
+
 def _name_flow_run(study_id: str) -> None:
     """Name the flow run after its study (the study id: job name, start time, a suffix),
     unless its caller named it (``study_flow.with_options(flow_run_name=...)``)."""

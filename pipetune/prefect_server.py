@@ -41,6 +41,11 @@ RECORDER_SETTINGS = {
 }
 
 
+#: How many times the embedded server of one command is started again when it dies
+#: (``$PIPETUNE_PREFECT_RESTARTS``, default 3; 0: never).
+RESTARTS_ENV = "PIPETUNE_PREFECT_RESTARTS"
+
+
 def healthy(api_url: str, timeout: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(f"{api_url}/health", timeout=timeout) as resp:
@@ -62,7 +67,8 @@ class LocalPrefectServer:
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int | None = None,
-                 log_path: str | Path | None = None, startup_timeout: float = 120.0):
+                 log_path: str | Path | None = None, startup_timeout: float = 120.0,
+                 restarts: int = 0):
         self.host = host
         self.port = port or free_port(host)
         self.api_url = f"http://{host}:{self.port}/api"
@@ -77,6 +83,19 @@ class LocalPrefectServer:
         self.on_lost: Callable[[int], None] | None = None
         #: The server's exit code once it died while in use; None while it serves.
         self.lost_code: int | None = None
+        #: How many more times a server that dies in use is started again, on the same
+        #: port and database (its clients retry; what they sent meanwhile catches up).
+        self.restarts_left = restarts
+        #: Called with the lost server's exit code once it serves again.
+        self.on_restarted: Callable[[int], None] | None = None
+        #: Exit codes of the servers lost and started again.
+        self.restarted: list[int] = []
+        self._serving = threading.Event()  # set while a server answers
+        self._settled = threading.Event()  # cleared while a lost server is started again
+        self._settled.set()
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._database_url: str | None = None
 
     def start(self) -> LocalPrefectServer:
         """Launch the server and wait until it is healthy."""
@@ -91,7 +110,9 @@ class LocalPrefectServer:
         env["PREFECT_SERVER_API_HOST"] = self.host
         env["PREFECT_SERVER_API_PORT"] = str(self.port)
         if not any(k in env for k in _DATABASE_SETTINGS):
-            env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = self._claim_database(env)
+            if self._database_url is None:
+                self._database_url = self._claim_database(env)
+            env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = self._database_url
         if self.log_path:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             out = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its life
@@ -144,6 +165,7 @@ class LocalPrefectServer:
                                  daemon=True).start()
                 threading.Thread(target=self._watch_for_loss, args=(self.process,),
                                  name="pipetune-prefect-watch", daemon=True).start()
+                self._serving.set()
                 return self
             time.sleep(0.1)
         self.stop()
@@ -152,13 +174,46 @@ class LocalPrefectServer:
         )
 
     def _watch_for_loss(self, proc: subprocess.Popen) -> None:
-        """Tell ``on_lost`` if the server dies under its users: killed, out of memory.
-        The watcher it runs under exits with it, so its exit is the server's."""
+        """Tell ``on_lost`` if the server dies under its users: killed, out of memory;
+        then start it again (``restarts``). The watcher it runs under exits with it, so
+        its exit is the server's."""
         code = proc.wait()
-        if self.process is proc:  # not stopped by us: stop() lets go of it first
+        if self.process is not proc:  # stopped by us: stop() lets go of it first
+            return
+        self._serving.clear()
+        self._settled.clear()
+        try:
             self.lost_code = code
             if self.on_lost is not None:
                 self.on_lost(code)
+            with self._lock:
+                if self._stopped or self.process is not proc or self.restarts_left <= 0:
+                    return
+                self.restarts_left -= 1
+                self.launch()
+            try:
+                self.wait_healthy()
+            except Exception as e:  # noqa: BLE001 - it stays lost; its clients say so
+                with contextlib.suppress(OSError):
+                    self._say_in_log(f"pipetune: starting the Prefect server again failed: {e}")
+                return
+            self.restarted.append(code)
+            self.lost_code = None
+            if self.on_restarted is not None:
+                self.on_restarted(code)
+        finally:
+            self._settled.set()
+
+    def _say_in_log(self, line: str) -> None:
+        if self.log_path:
+            with open(self.log_path, "a") as out:
+                out.write(line + "\n")
+
+    def wait_serving(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds while the server is being started again;
+        whether it answers (False at once if it is lost for good)."""
+        self._settled.wait(timeout)
+        return self._serving.is_set()
 
     def _warm_up(self) -> None:
         """One API request, now, in the background: the server builds its API routes on
@@ -169,6 +224,9 @@ class LocalPrefectServer:
             urllib.request.urlopen(f"{self.api_url}/admin/version", timeout=30).read()
 
     def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+        self._serving.clear()
         try:
             self._stop()
         finally:
@@ -233,7 +291,12 @@ def prefect_api(
                 on_exit()
         return
     print(f"starting a local Prefect server on 127.0.0.1 (log: {log_path}) ...", file=sys.stderr)
-    server = LocalPrefectServer(log_path=log_path)
+    try:
+        restarts = int(os.environ.get(RESTARTS_ENV) or 3)
+    except ValueError:
+        raise PipetuneError(f"{RESTARTS_ENV} must be a whole number of restarts, got "
+                            f"{os.environ[RESTARTS_ENV]!r}") from None
+    server = LocalPrefectServer(log_path=log_path, restarts=max(0, restarts))
     os.environ["PREFECT_API_URL"] = server.api_url
     # A server on loopback that does not answer is gone (it dies with this command, and
     # nobody restarts it): Prefect's clients retry each call for ~1 min by default

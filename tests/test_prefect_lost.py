@@ -82,9 +82,51 @@ def _mlflow_holds_every_epoch_once(tmp_path: Path) -> None:
     assert parents[0].data.metrics["study_epochs_run"] == TRIALS * EPOCHS
 
 
+def _prefect_record(tmp_path: Path) -> tuple[str, list[tuple[str, str]]]:
+    """From the embedded server's database: the flow run's state, and each task run of
+    the study (name, state)."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(tmp_path / "prefect" / "prefect.db")) as db:
+        [flow_state] = [r[0] for r in db.execute("SELECT state_type FROM flow_run")]
+        task_runs = list(db.execute("SELECT name, state_type FROM task_run "
+                                    "WHERE name LIKE 'trial-%'"))
+    return flow_state, task_runs
+
+
+@pytest.mark.parametrize("victim", ["server", "watcher"])
+def test_a_study_outlives_its_prefect_server_started_again(tmp_path, victim):
+    """The embedded server, SIGKILLed (or the watcher it runs under) mid-study, is
+    started again on its port and database: one `warning:` line says so, and Prefect
+    ends up with the whole record, the flow run Completed."""
+    proc = _start_tune(tmp_path, f"lost-{victim}")
+    try:
+        _wait_mid_study(proc, tmp_path)
+        watcher, server = _server_processes(proc)
+        (watcher if victim == "watcher" else server).kill()
+        assert _journal(tmp_path)[1] < TRIALS * EPOCHS, "killed too late: the study was done"
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "started again" in warnings[0], err[-3000:]
+    assert "Traceback" not in err and "Error logging to API" not in err, err[-3000:]
+    assert _journal(tmp_path)[0]["status"] == "finished"
+    _mlflow_holds_every_epoch_once(tmp_path)
+    flow_state, task_runs = _prefect_record(tmp_path)
+    assert flow_state == "COMPLETED"
+    epochs = [name for name, _ in task_runs if "-epoch-" in name and "tune-after" not in name]
+    assert len(epochs) == TRIALS * EPOCHS, sorted(task_runs)
+    assert {state for _, state in task_runs} == {"COMPLETED"}, sorted(task_runs)
+
+
 @pytest.mark.parametrize("victim", ["server", "watcher"])
 def test_a_study_outlives_its_prefect_server(tmp_path, victim):
-    proc = _start_tune(tmp_path, f"lost-{victim}")
+    """Not started again (``PIPETUNE_PREFECT_RESTARTS=0``): the study still finishes,
+    exit 0, one `warning:` line saying what Prefect lacks."""
+    proc = _start_tune(tmp_path, f"lost-{victim}", {"PIPETUNE_PREFECT_RESTARTS": "0"})
     try:
         _wait_mid_study(proc, tmp_path)
         watcher, server = _server_processes(proc)

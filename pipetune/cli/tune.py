@@ -132,6 +132,7 @@ def _run_tune(args: argparse.Namespace) -> int:
                          on_exit=startup.close_cluster) as server:
             if server is not None:
                 server.on_lost = _quiet_lost_server
+                server.on_restarted = _say_restarted
             startup_marks.mark("Prefect server ready")
             startup.wait_ready()
             startup_marks.mark("all ready")
@@ -239,7 +240,7 @@ def _run_study_flow(args: argparse.Namespace, startup: _BackgroundStartup, serve
     """The study flow on the checked job, under the live table; its summary. A study
     that finished is a success even if the Prefect API stopped answering before the
     flow run's end could be recorded: one `warning:` line says what Prefect lacks."""
-    from flows.study import flow_settings, study_flow
+    from flows.study import current_flow_run_id, flow_settings, settle_flow_run, study_flow
     from pipetune.cli._console import quiet_flow_tracebacks
     from pipetune.events import StudyFinished
     from pipetune.net import api_unreachable
@@ -249,9 +250,12 @@ def _run_study_flow(args: argparse.Namespace, startup: _BackgroundStartup, serve
     display = _LiveDisplay(spec.search.trials, spec.objective.metric)
     finished: list[dict] = []
 
+    flow_run: list[str | None] = []
+
     def on_finish(event) -> None:
         if isinstance(event, StudyFinished):
             finished.append(event.summary)
+            flow_run.append(current_flow_run_id())
             console.study_finished = True
 
     # A refusal inside the flow: the one `error:` line, no engine traceback;
@@ -271,6 +275,14 @@ def _run_study_flow(args: argparse.Namespace, startup: _BackgroundStartup, serve
         except Exception as e:
             if not finished or not api_unreachable(e):
                 raise
+            # The embedded server died and is being started again: its end, once it is up.
+            if server is not None and flow_run[-1] and server.wait_serving(timeout=60):
+                try:
+                    settle_flow_run(flow_run[-1], "the study finished (recorded after the "
+                                                  "Prefect server was started again)")
+                    return finished[-1]
+                except Exception as again:  # noqa: BLE001 - said below, once
+                    e = again
             _say_flow_end_lost(e, console.notices, server)
             return finished[-1]
 
@@ -287,8 +299,15 @@ def _say_flow_end_lost(error: BaseException, notices: list[str], server) -> None
           f"{error}); the study finished and MLflow has all of it", file=sys.stderr, flush=True)
 
 
+def _say_restarted(code: int) -> None:
+    """One `warning:` line: the embedded Prefect server died mid-study and serves again."""
+    print(f"warning: the local Prefect server exited with code {code}; it was started "
+          "again on the same port and database, and the study's Prefect record catches "
+          "up", file=sys.stderr, flush=True)
+
+
 def _quiet_lost_server(code: int) -> None:
-    """The embedded Prefect server died mid-study (it is not restarted): Prefect's log
+    """The embedded Prefect server died mid-study (until it serves again): Prefect's log
     shipper would print "--- Error logging to API ---" for every batch it can no longer
     send. Those reports go through logging's error hook; the study says it once."""
     import logging
