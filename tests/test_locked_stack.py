@@ -293,6 +293,42 @@ def test_a_locked_stack_runs_a_study_and_refuses_strangers(tmp_path):
             "task_runs": {"name": {"like_": "epoch"}}})
         assert code == 200 and len(epochs) >= 2, (code, epochs)
 
+        # -- 1b. the same job as a deployment run: the stack's worker has the keys ---------
+        def prefect(*args: str) -> str:
+            proc = subprocess.run([sys.executable, "-m", "prefect", *args], env=user,
+                                  cwd=REPO, capture_output=True, text=True, timeout=300)
+            outputs.append(proc.stdout + proc.stderr)
+            assert proc.returncode == 0, f"prefect {args[0]}:\n{proc.stdout}\n{proc.stderr}"
+            return proc.stdout + proc.stderr
+
+        prefect("--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml",
+                "--name", "on-demand")
+        ran = prefect("deployment", "run", "pipetune-study/on-demand", "--param",
+                      f"job={json.dumps(synthetic_job('locked-deployed', trials=2))}")
+        deployed_id = ran.split("UUID:", 1)[1].split()[0]
+        deadline = time.monotonic() + 300
+        while True:
+            code, deployed = _http(f"{prefect_api}/flow_runs/{deployed_id}", auth=auth_string)
+            assert code == 200, (code, deployed)
+            if deployed["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+                break
+            assert time.monotonic() < deadline, f"deployed run {deployed['state']['type']}"
+            time.sleep(1)
+        assert deployed["state"]["type"] == "COMPLETED", deployed["state"]
+        os.environ["MLFLOW_TRACKING_USERNAME"] = "team-admin"
+        os.environ["MLFLOW_TRACKING_PASSWORD"] = password
+        try:
+            (deployed_study,) = client.search_runs(
+                [exp.experiment_id], f"tags.`prefect.flow_run_id` = '{deployed_id}'")
+            deployed_trials = client.search_runs(
+                [exp.experiment_id],
+                f"tags.mlflow.parentRunId = '{deployed_study.info.run_id}'")
+        finally:
+            del os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"]
+        assert deployed_study.info.status == "FINISHED"
+        assert len(deployed_trials) == 2
+        assert {t.info.status for t in deployed_trials} == {"FINISHED"}
+
         # -- 2. strangers are refused -----------------------------------------------------
         plain = address.replace("tls://", "tcp://")
         ca = {"tls_ca_file": pki["ca"]}
@@ -321,7 +357,7 @@ def test_a_locked_stack_runs_a_study_and_refuses_strangers(tmp_path):
                      auth=auth_string)[0] == 200
 
         recorded = []
-        for run in (study, *trials):
+        for run in (study, *trials, deployed_study, *deployed_trials):
             recorded += [f"{k}={v}" for k, v in run.data.params.items()]
             recorded += [f"{k}={v}" for k, v in run.data.tags.items()]
 
