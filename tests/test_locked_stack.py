@@ -319,7 +319,8 @@ def test_a_locked_stack_runs_a_study_and_refuses_strangers(tmp_path):
         os.environ["MLFLOW_TRACKING_PASSWORD"] = password
         try:
             (deployed_study,) = client.search_runs(
-                [exp.experiment_id], f"tags.`prefect.flow_run_id` = '{deployed_id}'")
+                [exp.experiment_id], f"tags.`prefect.flow_run_id` = '{deployed_id}' "
+                "and tags.`pipetune.kind` = 'study'")
             deployed_trials = client.search_runs(
                 [exp.experiment_id],
                 f"tags.mlflow.parentRunId = '{deployed_study.info.run_id}'")
