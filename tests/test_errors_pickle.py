@@ -32,6 +32,7 @@ SAMPLES = {
     "JournalError": lambda c: c("line 2 is corrupt"),
     "DataError": lambda c: c("result.phase: 'sideways' is not one of 'profile', ..."),
     "StoreUnavailable": lambda c: c("MLflow at http://127.0.0.1:5000 did not answer"),
+    "TrackingUnreachable": lambda c: c("the MLflow tracking store at x does not answer", 2),
     "Stopped": lambda c: c(signal.SIGTERM),
     "StudyStuck": lambda c: c("nothing launchable"),
     "SidecarError": lambda c: c("recorder gone"),

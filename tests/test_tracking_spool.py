@@ -506,3 +506,47 @@ def test_a_failing_study_whose_waiting_write_was_refused_still_says_what_waits(
     note = raised.value.spool_note
     assert note is not None and note.count == 2  # trial 1's write, then the study's end
     assert note.path == str(spool) and Spool(spool).waiting() == 2
+
+
+@pytest.mark.slow
+def test_a_tracking_server_down_at_the_start_is_waited_for_then_refused_in_one_line(
+        tmp_path, migrated_store):
+    """A nightly study starting while its tracking server restarts: ``pipetune tune``
+    waits for it (``PIPETUNE_MLFLOW_START_WAIT_S``) and runs once it answers; a server
+    that stays down ends the command in one ``error:`` line, exit 1, no traceback."""
+    import yaml
+    from known import tune_env
+
+    job = synthetic_job("late-store", trials=2)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    shutil.copy(migrated_store, tmp_path / "mlflow.db")
+    server = Server(tmp_path)
+    env = {**tune_env(tmp_path), "PIPETUNE_MLFLOW_START_WAIT_S": "90"}
+    tune = subprocess.Popen(
+        [sys.executable, "-m", "pipetune", "tune", "job.yaml", "--tracking-uri", server.url],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(8)  # the command is up and asking; the server is not
+        assert tune.poll() is None, tune.communicate()[1][-3000:]
+        server.start()
+        out, err = tune.communicate(timeout=300)
+    finally:
+        if tune.poll() is None:
+            tune.kill()
+        server.kill()
+    assert tune.returncode == 0, err[-3000:]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("pipetune").experiment_id])
+    assert sorted(r.data.tags.get("pipetune.kind") for r in runs) == ["study", "trial", "trial"]
+
+    env["PIPETUNE_MLFLOW_START_WAIT_S"] = "3"
+    started = time.monotonic()
+    down = subprocess.run(
+        [sys.executable, "-m", "pipetune", "tune", "job.yaml", "--tracking-uri", server.url],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert down.returncode == 1, down.stderr[-3000:]
+    errors = [line for line in down.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and server.url in errors[0] and "after 3 s" in errors[0], \
+        down.stderr[-3000:]
+    assert "Traceback" not in down.stderr, down.stderr[-3000:]
+    assert time.monotonic() - started < 60

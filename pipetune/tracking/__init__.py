@@ -166,7 +166,11 @@ from pipetune.tracking.sink import (  # noqa: E402
     batches,
     send_spool,
 )
-from pipetune.tracking.spool import SpoolNote, StoreUnavailable  # noqa: E402
+from pipetune.tracking.spool import (  # noqa: E402
+    SpoolNote,
+    StoreUnavailable,
+    TrackingUnreachable,
+)
 from pipetune.tracking.tracker import StudyTracker, profile_rows  # noqa: E402
 
 __all__ = [
@@ -181,6 +185,7 @@ __all__ = [
     "SpoolNote",
     "StoreUnavailable",
     "StudyTracker",
+    "TrackingUnreachable",
     "WriterError",
     "batches",
     "default_tracking_uri",

@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 from pipetune.errors import PipetuneError
 from pipetune.tracking import DEFAULT_EXPERIMENT, ensure_experiment, mlflow_client
 from pipetune.tracking.spool import (
+    START_WAIT_ENV,
     Spool,
     SpoolNote,
     StoreUnavailable,
+    TrackingUnreachable,
     from_json,
     spool_path,
     store_unavailable,
@@ -140,8 +142,32 @@ class MlflowSink:
 
     # -- the study's run ---------------------------------------------------------------
     def experiment(self, name: str = DEFAULT_EXPERIMENT) -> str:
-        """The id of ``name`` in the store, both created if need be."""
-        return ensure_experiment(self._uri(), name)
+        """The id of ``name`` in the store, both created if need be. A store that does
+        not answer (a tracking server down or restarting, a SQLite file locked) is
+        tried every 2 s for up to ``$PIPETUNE_MLFLOW_START_WAIT_S`` (default 30 s),
+        then :class:`TrackingUnreachable`: a study opens its run before it trains."""
+        uri = self._uri()
+        raw = os.environ.get(START_WAIT_ENV) or "30"
+        try:
+            wait_s = max(0.0, float(raw))
+        except ValueError:
+            raise TrackingUnreachable(f"{START_WAIT_ENV} must be a number of seconds, got "
+                                      f"{raw!r}", exit_code=2) from None
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                with _quick_requests():
+                    return ensure_experiment(uri, name)
+            except Exception as e:
+                if not store_unavailable(e):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise TrackingUnreachable(
+                        f"the MLflow tracking store at {uri} does not answer after "
+                        f"{wait_s:.0f} s ({_short(e)}): a study opens its MLflow run before "
+                        "it trains. Start the tracking server (or check its address), or "
+                        "give another --tracking-uri") from None
+                time.sleep(2)
 
     def open_study(self, experiment: str, run_name: str, tags: dict[str, str],
                    params: Sequence[tuple[str, str]],
@@ -599,6 +625,15 @@ def _same(value: float) -> float | str:
     """A metric value as compared with the store's (NaN equal to NaN)."""
     value = float(value)
     return "nan" if math.isnan(value) else value
+
+
+def _short(error: BaseException) -> str:
+    """``error`` in a few words: its innermost reason (urllib3 nests three deep)."""
+    text = str(error)
+    for marker in ("Caused by ", "failed with exception "):
+        if marker in text:
+            text = text.rsplit(marker, 1)[1]
+    return f"{type(error).__name__}: {text.strip('()')[:200]}"
 
 
 @contextlib.contextmanager

@@ -52,6 +52,23 @@ class StoreUnavailable(PipetuneError):
     """The MLflow store did not answer: what was spooled still waits."""
 
 
+class TrackingUnreachable(PipetuneError):
+    """The MLflow store did not answer when a study came to open its run."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.exit_code))
+
+
+#: Seconds a study waits, at its start, for a tracking store that does not answer.
+START_WAIT_ENV = "PIPETUNE_MLFLOW_START_WAIT_S"
+
+
 def spool_path(study_id: str, home: Path | None = None) -> Path:
     """Where study ``study_id``'s spool lives (the study's folder beside its journal)."""
     from pipetune.home import pipetune_home
