@@ -94,27 +94,41 @@ def _prefect_record(tmp_path: Path) -> tuple[str, list[tuple[str, str]]]:
     return flow_state, task_runs
 
 
-@pytest.mark.parametrize("victim", ["server", "watcher"])
-def test_a_study_outlives_its_prefect_server_started_again(tmp_path, victim):
-    """The embedded server, SIGKILLed (or the watcher it runs under) mid-study, is
-    started again on its port and database: one `warning:` line says so, and Prefect
-    ends up with the whole record, the flow run Completed."""
-    proc = _start_tune(tmp_path, f"lost-{victim}")
+def _lose_the_server_mid_study(tmp_path: Path, victim: str,
+                               env_extra: dict[str, str] | None = None) -> tuple[str, str]:
+    """A ``pipetune tune`` whose embedded server (or the watcher it runs under) is
+    SIGKILLed mid-study: the command exits 0 with one `warning:` line, no traceback,
+    the journal finished and MLflow whole; its (stdout, that warning line)."""
+    proc = _start_tune(tmp_path, f"lost-{victim}", env_extra)
     try:
         _wait_mid_study(proc, tmp_path)
         watcher, server = _server_processes(proc)
         (watcher if victim == "watcher" else server).kill()
         assert _journal(tmp_path)[1] < TRIALS * EPOCHS, "killed too late: the study was done"
+        # The server goes with its watcher, at once; a server started again is another.
+        _, alive = psutil.wait_procs([server], timeout=5)
+        assert not alive, "the prefect server outlived its SIGKILLed watcher"
         out, err = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err[-3000:]
     warnings = [line for line in err.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1 and "started again" in warnings[0], err[-3000:]
+    assert len(warnings) == 1, err[-3000:]
     assert "Traceback" not in err and "Error logging to API" not in err, err[-3000:]
+    assert "MLflow: run" in out
     assert _journal(tmp_path)[0]["status"] == "finished"
     _mlflow_holds_every_epoch_once(tmp_path)
+    return out, warnings[0]
+
+
+@pytest.mark.parametrize("victim", ["server", "watcher"])
+def test_a_study_outlives_its_prefect_server_started_again(tmp_path, victim):
+    """The embedded server, SIGKILLed (or the watcher it runs under) mid-study, is
+    started again on its port and database: one `warning:` line says so, and Prefect
+    ends up with the whole record, the flow run Completed."""
+    _, warning = _lose_the_server_mid_study(tmp_path, victim)
+    assert "started again" in warning, warning
     flow_state, task_runs = _prefect_record(tmp_path)
     assert flow_state == "COMPLETED"
     epochs = [name for name, _ in task_runs if "-epoch-" in name and "tune-after" not in name]
@@ -126,28 +140,9 @@ def test_a_study_outlives_its_prefect_server_started_again(tmp_path, victim):
 def test_a_study_outlives_its_prefect_server(tmp_path, victim):
     """Not started again (``PIPETUNE_PREFECT_RESTARTS=0``): the study still finishes,
     exit 0, one `warning:` line saying what Prefect lacks."""
-    proc = _start_tune(tmp_path, f"lost-{victim}", {"PIPETUNE_PREFECT_RESTARTS": "0"})
-    try:
-        _wait_mid_study(proc, tmp_path)
-        watcher, server = _server_processes(proc)
-        killed = watcher if victim == "watcher" else server
-        killed.kill()
-        assert _journal(tmp_path)[1] < TRIALS * EPOCHS, "killed too late: the study was done"
-        if victim == "watcher":  # the server goes with its watcher, at once
-            _, alive = psutil.wait_procs([server], timeout=5)
-            assert not alive, "the prefect server outlived its SIGKILLed watcher"
-        out, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err[-3000:]
-    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1 and "Prefect" in warnings[0], err[-3000:]
-    assert "Traceback" not in err and "Error logging to API" not in err, err[-3000:]
-    assert "MLflow: run" in out
-    assert _journal(tmp_path)[0]["status"] == "finished"
-    _mlflow_holds_every_epoch_once(tmp_path)
-    assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE
+    _, warning = _lose_the_server_mid_study(tmp_path, victim,
+                                            {"PIPETUNE_PREFECT_RESTARTS": "0"})
+    assert "Prefect" in warning and "started again" not in warning, warning
 
 
 def _api(url: str, path: str, body: dict) -> list[dict]:
