@@ -44,6 +44,9 @@ RECORDER_SETTINGS = {
 #: How many times the embedded server of one command is started again when it dies
 #: (``$PIPETUNE_PREFECT_RESTARTS``, default 3; 0: never).
 RESTARTS_ENV = "PIPETUNE_PREFECT_RESTARTS"
+#: How long a study's task-run recorder waits, at the end, for a Prefect API that does
+#: not answer (``tasks.task_runs.TaskRunSink``).
+CATCH_UP_ENV = "PIPETUNE_PREFECT_CATCH_UP_S"
 
 
 def healthy(api_url: str, timeout: float = 2.0) -> bool:
@@ -115,17 +118,21 @@ class LocalPrefectServer:
             env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = self._database_url
         if self.log_path:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            out = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its life
+            out = open(self.log_path, "ab")  # noqa: SIM115 - closed once the child has it
         else:
             out = subprocess.DEVNULL
         # Under pipetune._watch, which holds our end of a pipe: the server goes with us
         # even if this process is SIGKILLed.
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "pipetune._watch", "--", prefect_executable(), "server",
-             "start", "--host", self.host, "--port", str(self.port)],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
-            env=env, start_new_session=True,
-        )
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "pipetune._watch", "--", prefect_executable(), "server",
+                 "start", "--host", self.host, "--port", str(self.port)],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
+                env=env, start_new_session=True,
+            )
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()  # the child has its own
         return self
 
     def _claim_database(self, env: dict[str, str]) -> str:
@@ -152,20 +159,24 @@ class LocalPrefectServer:
         raise PipetuneError(f"64 local Prefect servers already use {home}")
 
     def wait_healthy(self) -> LocalPrefectServer:
-        assert self.process is not None, "launch() first"
+        proc = self.process
+        assert proc is not None, "launch() first"
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+            if proc.poll() is not None:
                 raise PipetuneError(
-                    f"the local Prefect server exited with code {self.process.returncode}"
+                    f"the local Prefect server exited with code {proc.returncode}"
                     + (f"; see {self.log_path}" if self.log_path else "")
                 )
             if healthy(self.api_url):
-                threading.Thread(target=self._warm_up, name="pipetune-prefect-warm-up",
-                                 daemon=True).start()
-                threading.Thread(target=self._watch_for_loss, args=(self.process,),
-                                 name="pipetune-prefect-watch", daemon=True).start()
-                self._serving.set()
+                with self._lock:  # not if stop() came meanwhile
+                    if self._stopped or self.process is not proc:
+                        raise PipetuneError("the local Prefect server was stopped")
+                    threading.Thread(target=self._warm_up, name="pipetune-prefect-warm-up",
+                                     daemon=True).start()
+                    threading.Thread(target=self._watch_for_loss, args=(proc,),
+                                     name="pipetune-prefect-watch", daemon=True).start()
+                    self._serving.set()
                 return self
             time.sleep(0.1)
         self.stop()
@@ -186,12 +197,12 @@ class LocalPrefectServer:
             self.lost_code = code
             if self.on_lost is not None:
                 self.on_lost(code)
-            with self._lock:
-                if self._stopped or self.process is not proc or self.restarts_left <= 0:
-                    return
-                self.restarts_left -= 1
-                self.launch()
             try:
+                with self._lock:
+                    if self._stopped or self.process is not proc or self.restarts_left <= 0:
+                        return
+                    self.restarts_left -= 1
+                    self.launch()
                 self.wait_healthy()
             except Exception as e:  # noqa: BLE001 - it stays lost; its clients say so
                 with contextlib.suppress(OSError):
@@ -211,9 +222,17 @@ class LocalPrefectServer:
 
     def wait_serving(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds while the server is being started again;
-        whether it answers (False at once if it is lost for good)."""
-        self._settled.wait(timeout)
-        return self._serving.is_set()
+        whether it answers (False as soon as it is lost for good). A server that died a
+        moment ago, before its watch thread saw it, is waited for too."""
+        deadline = time.monotonic() + timeout
+        while True:
+            settled = self._settled.is_set()
+            if settled and self._serving.is_set() and healthy(self.api_url):
+                return True
+            lost = settled and not self._serving.is_set()
+            if lost or time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
 
     def _warm_up(self) -> None:
         """One API request, now, in the background: the server builds its API routes on
@@ -298,6 +317,11 @@ def prefect_api(
                             f"{os.environ[RESTARTS_ENV]!r}") from None
     server = LocalPrefectServer(log_path=log_path, restarts=max(0, restarts))
     os.environ["PREFECT_API_URL"] = server.api_url
+    # A server started again takes 5-12 s here: the study's task-run recorder waits that
+    # long for it at the end (not its 10 s default), unless the user set how long.
+    catch_up_ours = restarts > 0 and CATCH_UP_ENV not in os.environ
+    if catch_up_ours:
+        os.environ[CATCH_UP_ENV] = "45"
     # A server on loopback that does not answer is gone (it dies with this command, and
     # nobody restarts it): Prefect's clients retry each call for ~1 min by default
     # (5 tries, 2 s doubling), which held the command's end for minutes after a lost
@@ -318,5 +342,7 @@ def prefect_api(
             on_exit()
         server.stop()
         os.environ.pop("PREFECT_API_URL", None)
+        if catch_up_ours:
+            os.environ.pop(CATCH_UP_ENV, None)
         if retries_ours:
             os.environ.pop(_CLIENT_RETRIES, None)

@@ -77,7 +77,10 @@ class TaskRunSink:
         self._flow_run_id = uuid.UUID(flow_run_id)
         self._last: dict[int, str] = {}  # trial -> its last task run (the chain's link)
         self._runs: dict[str, dict[str, Any]] = {}  # running task run -> its fields
-        self._final: dict[str, dict[str, Any]] = {}  # task run -> its last event
+        # Every settled task run -> the id of its last state's event (what Prefect must
+        # hold at the end); the events themselves only while they may be sent again.
+        self._final_ids: dict[str, str] = {}
+        self._final: dict[str, dict[str, Any]] = {}
         self.catch_up_s = catch_up_s if catch_up_s is not None else float(
             os.environ.get("PIPETUNE_PREFECT_CATCH_UP_S") or 10.0)
         self._queued: collections.deque[dict[str, Any]] = collections.deque()
@@ -117,6 +120,9 @@ class TaskRunSink:
         if run is None:  # never started here (or settled already): nothing to settle
             return
         started = datetime.fromisoformat(run["start_time"]).timestamp()
+        # Later than the Running state, always: Prefect keeps a task run's newest state
+        # by timestamp, and a decision replayed on resume starts and ends at one instant.
+        at = max(at, started + 1e-6)
         run.update(end_time=_iso(at), total_run_time=max(0.0, at - started))
         if cancelled:
             state = ("CANCELLED", "Cancelled", "the study stopped")
@@ -129,6 +135,7 @@ class TaskRunSink:
         if running is not None:  # not sent yet: the final state alone says it all
             running["superseded"] = True
         self._final[run_id] = event
+        self._final_ids[run_id] = event["id"]
         self._queued.append(event)
 
     def idle(self) -> None:
@@ -173,13 +180,9 @@ class TaskRunSink:
             batch = [event for event in itertools.islice(self._queued, count)
                      if not event.get("superseded")]
             try:
-                if batch:
-                    with self._settings_context():
-                        self._client.request("POST", "/events", json=batch).raise_for_status()
+                refused = self._post(batch)
             except Exception as e:
                 if not api_unreachable(e):
-                    for _ in range(count):  # a refusal: said once, never retried
-                        self._queued.popleft()
                     raise
                 if self._unanswered is None:  # the outage starts: what it may have lost
                     self._queued.extendleft(reversed([ev for _, ev in self._sent]))
@@ -195,13 +198,41 @@ class TaskRunSink:
                 self._unsent.pop(event["payload"]["task_run"]["dynamic_key"], None)
                 self._sent.append((now, event))
             while self._sent and self._sent[0][0] < now - self.RESEND_S:
-                self._sent.popleft()
+                _, old = self._sent.popleft()
+                run_id = old["payload"]["task_run"]["dynamic_key"]
+                if self._final.get(run_id) is old:  # past resending: only its id is kept
+                    del self._final[run_id]
             self._pause_s, self._unanswered = 0.0, None
+            if refused is not None:
+                raise refused
         return True
 
-    def _missing(self) -> list[str]:
-        """The task runs Prefect does not have in their last state (yet)."""
-        runs = list(self._final)
+    def _post(self, batch: list[dict[str, Any]]) -> Exception | None:
+        """Send ``batch``; raises when the API does not answer. When it refuses the
+        batch, each event is sent alone and only those it refuses are dropped: the
+        first refusal is returned (said once, never retried)."""
+        if not batch:
+            return None
+        try:
+            with self._settings_context():
+                self._client.request("POST", "/events", json=batch).raise_for_status()
+            return None
+        except Exception as e:
+            if api_unreachable(e) or len(batch) == 1:
+                raise
+        refused: Exception | None = None
+        for event in batch:
+            try:
+                with self._settings_context():
+                    self._client.request("POST", "/events", json=[event]).raise_for_status()
+            except Exception as e:
+                if api_unreachable(e):
+                    raise
+                refused = refused or e
+        return refused
+
+    def _missing(self, runs: list[str]) -> list[str]:
+        """Those of ``runs`` Prefect does not hold in their last state (yet)."""
         missing: list[str] = []
         for i in range(0, len(runs), 200):
             chunk = runs[i:i + 200]
@@ -210,35 +241,46 @@ class TaskRunSink:
                     "task_runs": {"id": {"any_": chunk}}, "limit": 200})
             response.raise_for_status()
             have = {r["id"]: r.get("state_id") for r in response.json()}
-            missing += [r for r in chunk if have.get(r) != self._final[r]["id"]]
+            missing += [r for r in chunk if have.get(r) != self._final_ids[r]]
         return missing
 
     def close(self) -> None:
         """Send what is still queued and see every task run stored in its last state,
-        waiting up to ``catch_up_s`` for the API, sending again what it lost."""
+        waiting up to ``catch_up_s`` for the API. What is still missing once the count
+        stops falling is sent again (a server killed after it took them, and started
+        again), at growing intervals."""
         deadline = time.monotonic() + self.catch_up_s
-        missing: list[str] = list(self._final)
-        resent_at = time.monotonic()
+        # Until Prefect says otherwise: those still queued or sent within RESEND_S.
+        missing = sorted({ev["payload"]["task_run"]["dynamic_key"] for ev in
+                          [*self._queued, *(e for _, e in self._sent)]} & set(self._final_ids))
+        checked: list[str] | None = None  # None: not asked yet
+        gap_s, resend_at = 1.0, time.monotonic() + 1.0
         try:
             self._retry_at = 0.0  # the end: no pause left to wait out, one try a second
             while True:
                 if self._write_queued():
                     try:
-                        missing = self._missing()
+                        now_missing = self._missing(
+                            list(self._final_ids) if checked is None else checked)
                     except Exception as e:
                         if not api_unreachable(e):
                             raise
                         self._unanswered = e
                     else:
-                        if not missing:
+                        if not now_missing:
                             return
-                        if time.monotonic() - resent_at > 3.0:  # stored within 3 s, or lost
-                            self._queued.extend(self._final[r] for r in missing)
-                            resent_at = time.monotonic()
+                        if checked is not None and len(now_missing) < len(checked):
+                            resend_at = time.monotonic() + gap_s  # still being stored
+                        elif time.monotonic() >= resend_at:
+                            self._queued.extend(self._final[r] for r in now_missing
+                                                if r in self._final)
+                            gap_s = min(8.0, gap_s * 2)
+                            resend_at = time.monotonic() + gap_s
+                        checked = missing = now_missing
                 now = time.monotonic()
                 if now >= deadline:
                     break
-                time.sleep(min(0.2 if self._unanswered is None else 1.0, deadline - now))
+                time.sleep(min(0.5 if self._unanswered is None else 1.0, deadline - now))
                 self._retry_at = 0.0
         finally:
             self._client.__exit__(None, None, None)
@@ -246,7 +288,7 @@ class TaskRunSink:
         why = f"stopped answering ({type(e).__name__}: {e})" if e else "did not store them"
         raise PrefectUnreachable(
             f"the Prefect API at {self._api_url} {why}: {len(missing)} of "
-            f"{len(self._final)} task run(s) of flow run {self._flow_run_id} are not "
+            f"{len(self._final_ids)} task run(s) of flow run {self._flow_run_id} are not "
             f"recorded there in their last state")
 
 

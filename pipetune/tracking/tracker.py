@@ -388,7 +388,14 @@ class StudyTracker:
                 # and end the runs from here (the recorder may be gone)
                 logger.warning("MLflow: some writes of study run %s were lost",
                                self.parent_run_id, exc_info=True)
-                self._note(getattr(e, "spool_note", None))
+                # What waits in the spool is still said. The error may be an earlier
+                # one the recorder kept, or have lost its note crossing processes (an
+                # MLflow RestException pickles without its attributes): ask again.
+                note = getattr(e, "spool_note", None)
+                if note is None:
+                    with contextlib.suppress(Exception):
+                        note = self._sink.call("waiting", timeout=5)
+                self._note(note)
             else:
                 with contextlib.suppress(Exception):
                     self.close(timeout)
