@@ -126,6 +126,7 @@ def _run_tune(args: argparse.Namespace) -> int:
     # check was measured slower: on 2 cores they take the CPU the check and the server
     # need.)
     startup = _BackgroundStartup(args, startup_marks)
+    server = None
     try:
         with prefect_api(pipetune_home() / "prefect-server.log",
                          before_wait=startup.check_then_start,
@@ -146,6 +147,14 @@ def _run_tune(args: argparse.Namespace) -> int:
     finally:
         startup.close_cluster()
         startup.join_closing()
+        if server is not None and (server.restarted or server.lost_code is not None):
+            # Prefect's calls that failed while its server was down leave exceptions in
+            # reference cycles that hold the study's Dask client and cluster: collected
+            # now, not at exit (where the cycle collector is off, see
+            # _skip_final_collections, and Dask's __del__ then prints "Exception ignored").
+            import gc
+
+            gc.collect()
     startup_marks.mark("servers stopped")
     print(startup_marks.line())
     return 0 if summary.get("trials_failed", 0) < summary.get("trials", 0) else 1
@@ -341,6 +350,18 @@ def _skip_final_collections() -> None:
     import gc
 
     atexit.register(gc.freeze)
+    sys.unraisablehook = _quiet_dask_teardown
+
+
+def _quiet_dask_teardown(unraisable) -> None:
+    """Drop what a Dask object's ``__del__`` raises while the interpreter tears its
+    modules down (their globals are None by then: "AttributeError: 'NoneType' object
+    has no attribute 'closed'"), the cycle collector being off at exit; anything else
+    is reported as Python would."""
+    where = getattr(unraisable.object, "__module__", None) or ""
+    if sys.is_finalizing() and where.startswith("distributed."):
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 class _Background(threading.Thread):
