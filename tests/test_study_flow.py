@@ -146,9 +146,17 @@ def test_prefect_shows_each_trial_as_a_chain_of_tasks(cold):
     with get_client(sync_client=True) as client:
         flow_run = client.read_flow_run(cold["flow_run_id"])
         assert flow_run.state.is_completed()
-        runs = client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
-        )
+        # Prefect stores task runs from the events their engine (and pipetune's recorder)
+        # sends, in batches (flushed every second on the servers pipetune starts): the
+        # last one may land a moment after the flow run ends.
+        deadline = time.monotonic() + 15
+        while True:
+            runs = client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
+            )
+            if all(r.state.is_final() for r in runs) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
     by_name = {r.name: r for r in runs}
     assert len(by_name) == len(runs)  # one task run per epoch and per decision
     for trial in range(3):
