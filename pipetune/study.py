@@ -39,13 +39,14 @@ from pipetune.events import (
     Unconfirmed,
 )
 from pipetune.journal import JournalError
+from pipetune.one_time import OneTimeLedger
 from pipetune.replay import replayable, store_refused
 from pipetune.reports import StudySummary, study_summary
 from pipetune.runner import EpochFailure, EpochResult, EpochTask
 from pipetune.schedulers import Decision, make_scheduler
 from pipetune.searchers import TrialState, make_searcher
 from pipetune.spec import split_system_params
-from pipetune.system.config import MachineInfo, SystemConfig
+from pipetune.system.config import ONE_TIME_KNOBS, MachineInfo, SystemConfig
 from pipetune.trial import StepEvent, Trial
 from pipetune.tuner import EpochObservation, GroundTruthMatch, Phase, SystemTuner, TuningDecision
 
@@ -162,6 +163,8 @@ class Study:
         #: (:class:`~pipetune.errors.CheckpointWriteError`), since the last epoch that
         #: finished (whose checkpoint the store took).
         self._store_refusals = 0
+        #: What each worker paid once per model graph (a compile), for later trials.
+        self.one_time = OneTimeLedger()
 
     def _probe_core_limit(self, spec: JobSpec) -> int | None:
         """When trials run side by side and their defaults already fill the cores, and
@@ -323,6 +326,7 @@ class Study:
         self._store_refusals = 0  # the store took this epoch's checkpoint
         trial.results.append(result)
         trial.history.append(self.observation(result))
+        self._note_one_time(trial, result)
         self._emit(EpochFinished(trial, result))
         self._confirm_known(trial, result)
         value = result.metrics.get(self.metric)
@@ -535,8 +539,40 @@ class Study:
             trial.tuner_history(), epochs_left=self.max_epochs - trial.epochs_run,
             match=trial.match,
             sure_epochs=self.scheduler.sure_epochs(trial.epochs_run),
+            expected_epochs=self.scheduler.expected_epochs(trial.epochs_run),
+            known_one_time=self._worker_one_time(trial),
             alone_cores=self._idle_cores_for(trial),
         )
+
+    def _graph_of(self, trial: Trial) -> tuple[str, str, int] | None:
+        """Where the trial's next epoch runs (the worker holding its model), its model
+        graph and batch size; None before its first epoch or where unknown."""
+        if not trial.results:
+            return None
+        graph = next((r.graph for r in trial.results if r.graph), "")
+        last = trial.results[-1]
+        return (last.address, graph, last.batch_size) if graph else None
+
+    def _note_one_time(self, trial: Trial, result: EpochResult) -> None:
+        """A trial's first epoch under a one-time knob: what its worker paid, for the
+        trials that come to that worker later (:class:`~pipetune.one_time.OneTimeLedger`)."""
+        knobs = result.system.one_time_knobs()
+        earlier = trial.results[:-1]
+        if not knobs or (earlier and earlier[-1].system.one_time_knobs() == knobs
+                         and earlier[-1].address == result.address):
+            return
+        where = self._graph_of(trial)
+        if where is not None:
+            self.one_time.paid(*where, knobs, trial.history[-1].one_time)
+
+    def _worker_one_time(self, trial: Trial) -> float | None:
+        """What the one-time knobs cost on the worker of the trial's next epoch, where it
+        paid them for this graph before (:meth:`OneTimeLedger.estimate`)."""
+        where = self._graph_of(trial)
+        if where is None:
+            return None
+        known = self.one_time.estimate(*where, ONE_TIME_KNOBS)
+        return None if known is None else known[0]
 
     def _idle_cores_for(self, trial: Trial) -> int | None:
         """All the cores, when ``trial`` is the only one running and no trial is left to

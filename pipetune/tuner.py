@@ -45,11 +45,19 @@ PLANS: tuple[str, ...] = ("one_knob",)
 WARMUP_MARGIN = 0.05
 
 #: An untried config with a one-time cost (``compile``), about which nothing is known
-#: yet, is probed only when the trial is sure to run at least this many more epochs
-#: (the probe included): one epoch to pay and measure it, two to earn it back. A
-#: shorter trial (one ASHA may stop at the next rung) never pays a compile it cannot
-#: earn back; if it goes on past the rung, it is asked again with the longer horizon.
+#: yet, is probed only when the trial is expected to run at least this many more epochs
+#: (the probe included): one epoch to pay and measure it, two to earn it back. The
+#: horizon is the scheduler's *expected* epochs (each later epoch weighted by the
+#: chance of reaching it, from the rungs' promotion rates so far), not the epochs the
+#: trial is sure of: under ASHA with reduction factor 2 no trial is ever sure of 3 more
+#: epochs, though a third of them run to the end. A trial that goes on past a rung is
+#: asked again with its new horizon.
 MIN_ONE_TIME_HORIZON = 3
+
+#: A one-time cost the trial's worker is known to pay at most this share of one of the
+#: trial's epochs for (a compile of a model graph the worker compiled before: dynamo
+#: reuses it) makes the knob an ordinary one: probed whenever an epoch follows the probe.
+CHEAP_ONE_TIME_SHARE = 0.05
 
 #: A config reused from the ground truth whose steady cost per sample is more than
 #: this much above the trial's own default (epoch 1, one-time part excluded) did not
@@ -233,6 +241,8 @@ class SystemTuner:
         match: GroundTruthMatch | None,
         sure_epochs: int | None = None,
         alone_cores: int | None = None,
+        expected_epochs: float | None = None,
+        known_one_time: float | None = None,
     ) -> TuningDecision:
         """The decision for epoch ``len(history) + 1``.
 
@@ -248,11 +258,19 @@ class SystemTuner:
         call after epoch 1; ``None`` (no lookup could be made) counts as a miss, and so
         does a hit whose config this machine cannot run. ``sure_epochs`` is how many
         epochs the trial will run for certain, this one included (the scheduler's next
-        rung, see :meth:`~pipetune.schedulers.Scheduler.sure_epochs`); a one-time cost
-        must be earned back within it. Default: ``epochs_left``.
+        rung, see :meth:`~pipetune.schedulers.Scheduler.sure_epochs`).
+        ``expected_epochs`` is how many it is expected to run, this one included
+        (:meth:`~pipetune.schedulers.Scheduler.expected_epochs`): a one-time cost is
+        weighed against it when given, else against ``sure_epochs``, else
+        ``epochs_left``. ``known_one_time`` is what the one-time knobs cost on the
+        worker that runs the trial's next epoch, where that worker paid them for this
+        model graph before (about nothing: a compile it reuses), in the objective's
+        units for the whole epoch; ``None``: not known, the recorded or unknown figure
+        stands.
         """
         decision = self._next_epoch(history, epochs_left=epochs_left, match=match,
-                                    sure_epochs=sure_epochs)
+                                    sure_epochs=sure_epochs, expected_epochs=expected_epochs,
+                                    known_one_time=known_one_time)
         if (alone_cores is None or decision.phase is not Phase.TRAIN or not self.enabled
                 or alone_cores <= decision.system.cores or epochs_left <= 0):
             return decision
@@ -298,11 +316,22 @@ class SystemTuner:
         epochs_left: int,
         match: GroundTruthMatch | None,
         sure_epochs: int | None = None,
+        expected_epochs: float | None = None,
+        known_one_time: float | None = None,
     ) -> TuningDecision:
         history = _checked_history(history)
         if not isinstance(epochs_left, int) or epochs_left < 0:
             raise ValueError(f"epochs_left must be an integer >= 0, got {epochs_left!r}")
-        horizon = epochs_left if sure_epochs is None else max(0, min(sure_epochs, epochs_left))
+        if expected_epochs is not None:
+            horizon: float = max(0.0, min(float(expected_epochs), float(epochs_left)))
+        else:
+            horizon = epochs_left if sure_epochs is None else max(0, min(sure_epochs, epochs_left))
+        weighed: dict[str, Any] = {"expected_epochs" if expected_epochs is not None
+                                   else "sure_epochs": _rounded(horizon)}
+        if sure_epochs is not None and expected_epochs is not None:
+            weighed["sure_epochs"] = sure_epochs
+        if known_one_time is not None:
+            weighed["worker_one_time"] = _rounded(known_one_time)
         if not self.enabled:
             return TuningDecision(
                 self.default, Phase.TRAIN, None, None, "pipetune off: default config"
@@ -328,7 +357,8 @@ class SystemTuner:
         hit_config, why = self._usable_hit(match, history)
         if hit_config is not None:
             assert match is not None
-            return self._reuse(history, hit_config, match, horizon, why)
+            return self._reuse(history, hit_config, match, horizon, why, weighed,
+                               known_one_time)
 
         later = history[1:]
         probed = [o for o in later if o.phase is Phase.PROBE]
@@ -337,9 +367,11 @@ class SystemTuner:
         trained = any(o.phase is Phase.TRAIN and o.system not in rejected for o in later)
         observed = [o.system for o in history]
         untried = [c for c in self._candidates if not self._tried(c, observed)]
+        cheap = self._cheap_one_time(history, known_one_time)
         if epochs_left > 0:
             fits = [c for c in untried
-                    if not c.one_time_knobs() or horizon >= MIN_ONE_TIME_HORIZON]
+                    if not c.one_time_knobs() or horizon >= MIN_ONE_TIME_HORIZON
+                    or (cheap and horizon >= 2)]
             if trained:  # only a one-time knob deferred for a short horizon is left
                 fits = [c for c in fits if c.one_time_knobs()]
             if fits:
@@ -349,18 +381,20 @@ class SystemTuner:
                 reason = f"probe {n}/{total}: {describe_change(self.default, nxt)}"
                 if n == 1:
                     reason += f" ({why})"
-                return TuningDecision(nxt, Phase.PROBE, None, None, reason,
-                                      inputs={"sure_epochs": horizon})
+                if nxt.one_time_knobs() and cheap and horizon < MIN_ONE_TIME_HORIZON:
+                    reason += " (its one-time cost is paid on this worker already)"
+                return TuningDecision(nxt, Phase.PROBE, None, None, reason, inputs=weighed)
         deferred = [c for c in untried if c.one_time_knobs()]
+        kind = "expected" if expected_epochs is not None else "sure"
         not_yet = (f"; {', '.join(describe_change(self.default, c) for c in deferred)} "
-                   f"not probed: {horizon} sure epoch(s) < {MIN_ONE_TIME_HORIZON} to earn a "
-                   "one-time cost back") if deferred else ""
+                   f"not probed: {_rounded(horizon)} {kind} epoch(s) < "
+                   f"{MIN_ONE_TIME_HORIZON} to earn a one-time cost back") if deferred else ""
 
         best = self.best_observed(history)
         if best is None:
             return TuningDecision(
                 history[0].system, Phase.TRAIN, None, None,
-                f"{why}; nothing probed: default{not_yet}", inputs={"sure_epochs": horizon},
+                f"{why}; nothing probed: default{not_yet}", inputs=weighed,
             )
         config, cost = best
         reason = (
@@ -368,7 +402,7 @@ class SystemTuner:
             f"{describe_change(self.default, config)} (steady cost {cost:.4g}, "
             f"default {history[0].steady_cost:.4g}){not_yet}"
         )
-        inputs = {"sure_epochs": horizon, "steady_cost": cost,
+        inputs = {**weighed, "steady_cost": cost,
                   "default_steady_cost": history[0].steady_cost}
         if history[-1].phase is not Phase.PROBE or not math.isfinite(cost):
             # Recorded after the probes already, or nothing ran well enough to learn.
@@ -418,13 +452,27 @@ class SystemTuner:
             return candidate
         return on_top
 
+    def _cheap_one_time(self, history: Sequence[EpochObservation],
+                        known_one_time: float | None) -> bool:
+        """Whether the worker's known one-time cost is small beside one epoch
+        (:data:`CHEAP_ONE_TIME_SHARE`)."""
+        if known_one_time is None or not history:
+            return False
+        first = history[0]
+        epoch = first.steady_cost * first.samples if first.samples else math.inf
+        return math.isfinite(epoch) and known_one_time <= CHEAP_ONE_TIME_SHARE * epoch
+
     def _reuse(self, history: list[EpochObservation], config: SystemConfig,
-               match: GroundTruthMatch, horizon: int, why: str) -> TuningDecision:
+               match: GroundTruthMatch, horizon: float, why: str,
+               weighed: Mapping[str, Any] | None = None,
+               known_one_time: float | None = None) -> TuningDecision:
         """Train under the ground truth's ``config``, its one-time knobs only where they
-        are earned back within ``horizon`` sure epochs. The trial first measures its own
-        steady rate under ``config`` without them (unless it has), then weighs: the gain
-        is ``horizon x samples x`` that rate ``x (1 - 1/speedup)`` (``speedup``: what
-        the knobs added on top, as recorded), against the recorded one-time cost."""
+        are earned back within ``horizon`` (expected, else sure) epochs. The trial first
+        measures its own steady rate under ``config`` without them (unless it has), then
+        weighs: the gain is ``horizon x samples x`` that rate ``x (1 - 1/speedup)``
+        (``speedup``: what the knobs added on top, as recorded), against the one-time
+        cost: what the trial's worker paid for this graph before where known
+        (``known_one_time``), else the recorded one."""
         ran = {o.system for o in history}
         knobs = config.one_time_knobs()
         if not knobs or config in ran:
@@ -449,20 +497,24 @@ class SystemTuner:
                 f"{', '.join(knobs)} against this trial's own rate")
         base_steady = sum(own) / len(own)
         samples = history[-1].samples or history[0].samples
-        inputs: dict[str, Any] = {"sure_epochs": horizon, "base_steady_cost": base_steady,
-                                  "samples": samples, "one_time": match.one_time,
+        one_time = known_one_time if known_one_time is not None else match.one_time
+        kind = "sure" if weighed is None or "expected_epochs" not in weighed else "expected"
+        inputs: dict[str, Any] = {**(weighed or {f"{kind}_epochs": horizon}),
+                                  "base_steady_cost": base_steady, "samples": samples,
+                                  "one_time": one_time, "recorded_one_time": match.one_time,
                                   "speedup": match.speedup}
-        if match.one_time is None or match.speedup is None or not math.isfinite(base_steady):
+        if one_time is None or match.speedup is None or not math.isfinite(base_steady):
             pays = horizon >= MIN_ONE_TIME_HORIZON
-            detail = (f"no one-time figures recorded; {horizon} sure epoch(s) "
+            detail = (f"no one-time figures recorded; {_rounded(horizon)} {kind} epoch(s) "
                       f"{'>=' if pays else '<'} {MIN_ONE_TIME_HORIZON}")
         else:
             speedup = max(match.speedup, 1e-9)
             gain = horizon * samples * base_steady * (1.0 - 1.0 / speedup)
-            pays = gain > match.one_time
+            pays = gain > one_time
             inputs["gain"] = gain
-            detail = (f"saves {gain:.3g} over {horizon} sure epoch(s) at {speedup:.2f}x "
-                      f"{'>' if pays else '<='} {match.one_time:.3g} once")
+            where = "" if known_one_time is None else " on this worker"
+            detail = (f"saves {gain:.3g} over {_rounded(horizon)} {kind} epoch(s) at "
+                      f"{speedup:.2f}x {'>' if pays else '<='} {one_time:.3g} once{where}")
         chosen = config if pays else without
         verb = "pays" if pays else "does not pay"
         reason = (f"{why}: {describe_change(self.default, chosen)} "
@@ -613,3 +665,9 @@ def _checked_history(history: Sequence[EpochObservation]) -> list[EpochObservati
         if obs.epoch != i:
             raise ValueError(f"history must list epochs 1..n in order; item {i} is {obs.epoch}")
     return out
+
+
+def _rounded(value: float) -> float | int:
+    """A horizon as a decision shows it: whole epochs as an int, else 2 decimals."""
+    value = float(value)
+    return int(value) if value.is_integer() else round(value, 2)

@@ -441,3 +441,97 @@ def test_a_compile_that_pays_on_one_workload_is_checked_not_trusted_on_a_lookali
     assert [r.system.compile for r in quick.results] == [False, False, False, False], [
         d.reason for d in quick.decisions]
     assert "compile does not pay" in quick.decisions[1].reason
+
+
+# -- weighed by expectation (issue 31) --------------------------------------------------------
+
+def test_asha_expects_each_later_epoch_by_the_promotion_rates_seen_at_its_rungs():
+    asha = ASHAScheduler(min_epochs=1, max_epochs=6, reduction_factor=2)
+    # Before any trial is decided: ASHA's prior 1/2 per rung (rungs 1, 2, 4).
+    assert asha.expected_epochs(1) == pytest.approx(1 + 0.5 + 0.5 + 0.25 + 0.25)
+    assert asha.sure_epochs(1) == 1
+    for trial, value in enumerate([0.9, 0.1, 0.05]):  # one goes on past rung 2, two stop
+        asha.on_epoch_result(trial, 1, 1.0)
+        asha.on_epoch_result(trial, 2, value)
+    assert asha.promotion_rate(2) == pytest.approx((1 + 0.5) / (3 + 1))
+    assert asha.expected_epochs(1) == pytest.approx(1 + 0.375 + 0.375 + 0.1875 + 0.1875)
+    # Past the last rung every epoch is sure.
+    assert asha.expected_epochs(4) == pytest.approx(2.0)
+
+
+def test_an_unknown_one_time_knob_is_weighed_against_the_expected_epochs_not_the_sure_ones():
+    tuner = SystemTuner(DEFAULT, {"compile": [False, True]}, machine=MACHINE)
+    first = [obs(1, "profile", DEFAULT, 0.01)]
+    # ASHA by 2: never sure of 3 more epochs, but expected to run 3.2 of them.
+    probed = tuner.next_epoch(first, epochs_left=5, match=None, sure_epochs=1,
+                              expected_epochs=3.2)
+    assert probed.phase is Phase.PROBE and probed.system == COMPILED
+    assert probed.inputs == {"expected_epochs": 3.2, "sure_epochs": 1}
+    short = tuner.next_epoch(first, epochs_left=5, match=None, sure_epochs=1,
+                             expected_epochs=2.4)
+    assert short.system == DEFAULT
+    assert "2.4 expected epoch(s) < 3 to earn a one-time cost back" in short.reason
+
+
+@pytest.mark.parametrize(("expected", "worker_one_time", "probed"), [
+    (2.0, 0.0, True),     # the worker compiled this graph before: an ordinary probe
+    (1.5, 0.0, False),    # ... but a probe needs an epoch after it to pay
+    (2.0, 4.0, False),    # 4 s once on a 10 s epoch is no small cost: 3 epochs needed
+])
+def test_a_compile_the_worker_already_paid_is_probed_like_any_knob(expected, worker_one_time,
+                                                                   probed):
+    tuner = SystemTuner(DEFAULT, {"compile": [False, True]}, machine=MACHINE)
+    first = [obs(1, "profile", DEFAULT, 0.01)]   # 10 s epochs
+    decision = tuner.next_epoch(first, epochs_left=5, match=None, sure_epochs=1,
+                                expected_epochs=expected, known_one_time=worker_one_time)
+    assert (decision.system == COMPILED) is probed
+    assert decision.inputs["worker_one_time"] == worker_one_time
+
+
+def test_a_known_compile_is_weighed_against_what_the_worker_pays_not_what_was_recorded():
+    tuner = SystemTuner(DEFAULT, {"compile": [True]}, machine=MACHINE)
+    history = [obs(1, "profile", DEFAULT, 0.01)]
+    # Recorded: 8 s once, 2x. One expected epoch saves 5 s: not enough for 8 s ...
+    recorded = tuner.next_epoch(history, epochs_left=8, match=hit(8.0, 2.0), sure_epochs=1,
+                                expected_epochs=1.0)
+    assert recorded.system == DEFAULT and "does not pay" in recorded.reason
+    # ... but this worker compiled the graph already: 0.3 s once.
+    reused = tuner.next_epoch(history, epochs_left=8, match=hit(8.0, 2.0), sure_epochs=1,
+                              expected_epochs=1.0, known_one_time=0.3)
+    assert reused.system == COMPILED and "0.3 once on this worker" in reused.reason
+    assert reused.inputs["one_time"] == 0.3 and reused.inputs["recorded_one_time"] == 8.0
+
+
+def worker_compile_job(name, scope):
+    job = one_time_job(name, max_epochs=4, trials=3)
+    # Eager 0.3 s, compiled 0.1 s after 1.2 s once: over 3 epochs a compile saves 0.6 s,
+    # so the recorded 1.2 s never pays for a recurring trial; one already paid does.
+    job["workload"]["params"].update(cost_by_knob={"compile": {"false": 0.3, "true": 0.1}},
+                                     one_time_scope=scope)
+    return job
+
+
+def test_a_later_trial_compiles_on_the_worker_that_paid_and_learns_what_a_reuse_costs(
+        tmp_path):
+    from pipetune.workloads import synthetic
+
+    synthetic._PROCESS_PAID.clear()
+    reused = run_job(tmp_path / "process", worker_compile_job("process", "process"),
+                     GroundTruth(tmp_path / "gt1.json"))
+    compiled = [[r.system.compile for r in t.results] for t in reused.trials.values()]
+    assert compiled == [[False, True, True, True], [False, True, True, True],
+                        [False, True, True, True]]
+    later = reused.trials[1]
+    assert later.decisions[1].inputs["worker_one_time"] == 0.0
+    assert "on this worker" in later.decisions[1].reason
+    assert later.history[1].one_time < 0.5          # it really paid (about) nothing
+    # A workload that pays its compile again for every trial: the second trial, told a
+    # reuse costs nothing, pays 1.2 s, and the third is told what it measured.
+    fresh = run_job(tmp_path / "trial", worker_compile_job("trial", "trial"),
+                    GroundTruth(tmp_path / "gt2.json"))
+    compiled = [[r.system.compile for r in t.results] for t in fresh.trials.values()]
+    assert compiled[1] == [False, True, True, True]
+    assert fresh.trials[1].history[1].one_time == pytest.approx(1.2, abs=0.35)
+    assert compiled[2] == [False, False, False, False]
+    assert fresh.trials[2].decisions[1].inputs["worker_one_time"] == pytest.approx(1.2,
+                                                                                    abs=0.35)

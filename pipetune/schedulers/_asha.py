@@ -8,6 +8,11 @@ from pipetune.schedulers._base import Decision, Scheduler, _check_int
 
 MODES: tuple[str, ...] = ("max", "min")
 
+#: Weight, in trials, of ASHA's prior promotion rate (``1 / reduction_factor``) in a
+#: rung's observed rate: before any trial is decided at a rung the prior alone; after
+#: one, not yet 0 or 1 (a single stop or pass says little).
+PRIOR_TRIALS = 1.0
+
 
 def _quantile(values: list[float], q: float) -> float:
     """The ``q`` quantile with linear interpolation between order statistics.
@@ -69,6 +74,8 @@ class ASHAScheduler(Scheduler):
         self._rungs = tuple(rungs)
         # rung epoch -> trial_id -> value, oriented so that larger is better
         self._records: dict[int, dict[int, float]] = {r: {} for r in self._rungs}
+        # rung epoch -> trial_id -> whether it went on past the rung
+        self._promoted: dict[int, dict[int, bool]] = {r: {} for r in self._rungs}
 
     @property
     def rungs(self) -> tuple[int, ...]:
@@ -85,6 +92,40 @@ class ASHAScheduler(Scheduler):
         later = [r for r in self._rungs if r > epochs_run]
         return (later[0] if later else self.max_epochs) - epochs_run
 
+    def promotion_rate(self, rung: int) -> float:
+        """The share of trials that went on past ``rung`` in this study, drawn towards
+        ASHA's prior ``1 / reduction_factor`` by :data:`PRIOR_TRIALS` (the prior alone
+        before any trial was decided there).
+
+        >>> asha = ASHAScheduler(min_epochs=1, max_epochs=4, reduction_factor=2)
+        >>> asha.promotion_rate(1)
+        0.5
+        >>> [asha.on_epoch_result(t, 1, v).value for t, v in enumerate([0.5, 0.6])]
+        ['continue', 'continue']
+        >>> round(asha.promotion_rate(1), 3)
+        0.833
+        """
+        decided = self._promoted[rung]
+        prior = 1.0 / self.reduction_factor
+        return (sum(decided.values()) + prior * PRIOR_TRIALS) / (len(decided) + PRIOR_TRIALS)
+
+    def expected_epochs(self, epochs_run: int) -> float:
+        """Epochs the trial is expected to run from now on (the next one included):
+        epoch ``e`` counts with the chance of passing every rung between here and it,
+        each rung's chance its :meth:`promotion_rate` so far.
+
+        >>> round(ASHAScheduler(min_epochs=1, max_epochs=6, reduction_factor=2)
+        ...       .expected_epochs(1), 3)
+        2.5
+        """
+        total, reach = 0.0, 1.0
+        for epoch in range(epochs_run + 1, self.max_epochs + 1):
+            before = epoch - 1
+            if before > epochs_run and before in self._promoted:
+                reach *= self.promotion_rate(before)
+            total += reach
+        return total
+
     def recorded(self, rung: int) -> dict[int, float]:
         """Values recorded at ``rung`` so far: ``trial_id -> value`` as reported."""
         sign = 1.0 if self.mode == "max" else -1.0
@@ -96,10 +137,11 @@ class ASHAScheduler(Scheduler):
             return Decision.CONTINUE
         if not math.isfinite(value):
             records.pop(trial_id, None)
+            self._promoted[epoch][trial_id] = False
             return Decision.STOP
         score = value if self.mode == "max" else -value
         others = [v for t, v in records.items() if t != trial_id]
         records[trial_id] = score
-        if others and score < _quantile(others, 1.0 - 1.0 / self.reduction_factor):
-            return Decision.STOP
-        return Decision.CONTINUE
+        stop = bool(others) and score < _quantile(others, 1.0 - 1.0 / self.reduction_factor)
+        self._promoted[epoch][trial_id] = not stop
+        return Decision.STOP if stop else Decision.CONTINUE

@@ -43,6 +43,14 @@ class Scheduler(ABC):
         within; a trial that goes on past that point is asked again then."""
         return max(self.max_epochs - epochs_run, 0)
 
+    def expected_epochs(self, epochs_run: int) -> float:
+        """Epochs a trial that has run ``epochs_run`` is *expected* to run from now on
+        (the next epoch included): each later epoch weighted by the chance that the
+        trial gets there. What a one-time cost (a compile) is weighed against; a
+        scheduler that never stops a trial early expects every epoch up to
+        ``max_epochs``."""
+        return float(self.sure_epochs(epochs_run))
+
     def on_trial_remove(self, trial_id: int) -> None:  # noqa: B027 - optional hook
         """Trial ``trial_id`` ended (finished, stopped or failed); nothing more comes from it.
 

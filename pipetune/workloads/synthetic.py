@@ -19,7 +19,9 @@ Params: ``base_seconds`` (0.0), ``cost_by_knob`` (``{}``), e.g.
 step, the first time a trial's workload (in one process) trains under that value,
 e.g. ``{"compile": {"true": 2.0}}``: a compile with a known price. The ``compile``
 knob itself is only simulated here (the model is never really compiled), so a test
-knows exactly what it costs;
+knows exactly what it costs; ``one_time_scope`` (``"trial"``): ``"process"`` pays a
+one-time cost once per worker process instead, as a compile that dynamo reuses for
+the next trial's model of the same graph on that worker;
 ``fail_at_epoch`` (None): ``train_epoch`` raises :class:`RuntimeError` when asked
 to train that epoch (1-based; the epoch counter is part of the checkpoint, so
 this works across processes); ``train_samples`` (512), ``val_samples`` (256),
@@ -44,6 +46,12 @@ from pipetune.workloads._classifier import ClassifierData, HParam, TorchClassifi
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+
+#: Where a one-time cost is paid once: per trial's workload, or per worker process.
+ONE_TIME_SCOPES: tuple[str, ...] = ("trial", "process")
+#: What this process paid once (``one_time_scope: process``): (knob, value).
+_PROCESS_PAID: set[tuple[str, str]] = set()
 
 
 def _key(value: Any) -> str:
@@ -90,6 +98,7 @@ class SyntheticWorkload(TorchClassifierWorkload):
         "base_seconds": 0.0,
         "cost_by_knob": {},
         "one_time_by_knob": {},
+        "one_time_scope": "trial",
         "fail_at_epoch": None,
         "train_samples": 512,
         "val_samples": 256,
@@ -102,7 +111,8 @@ class SyntheticWorkload(TorchClassifierWorkload):
         super().__init__(**params)
         self._sleep_per_step = 0.0
         self._first_step_sleep = 0.0
-        self._paid: set[tuple[str, str]] = set()
+        self._paid: set[tuple[str, str]] = (
+            _PROCESS_PAID if self.settings["one_time_scope"] == "process" else set())
 
     def _check_params(self) -> None:
         s = self.settings
@@ -112,6 +122,10 @@ class SyntheticWorkload(TorchClassifierWorkload):
         s["base_seconds"] = float(base)
         for param in ("cost_by_knob", "one_time_by_knob"):
             s[param] = _knob_table(s[param], param)
+        if s["one_time_scope"] not in ONE_TIME_SCOPES:
+            raise SpecError("workload.params.one_time_scope",
+                            f"must be one of {', '.join(ONE_TIME_SCOPES)}, "
+                            f"got {s['one_time_scope']!r}")
         self._int_param("fail_at_epoch")
         for name in ("train_samples", "val_samples", "features"):
             self._int_param(name, optional=False)
