@@ -39,6 +39,9 @@ class StudySummary:
     energy_j: float
     energy_source: str
     compute_s: float
+    #: Share of the slots' time that held an epoch while trials remained
+    #: (:func:`slots_busy`); None before any epoch ran.
+    slots_busy: float | None = None
 
     def to_metrics(self) -> dict[str, float]:
         out = {
@@ -53,6 +56,8 @@ class StudySummary:
             "energy_j": self.energy_j,
             "epoch_compute_s": self.compute_s,
         }
+        if self.slots_busy is not None:
+            out["slots_busy"] = self.slots_busy
         if self.best_value is not None:
             out["best_value"] = self.best_value
             out["best_trial"] = self.best_trial
@@ -82,7 +87,37 @@ def study_summary(study: Study) -> StudySummary:
         energy_j=sum(r.measurement.energy_j for r in results),
         energy_source="+".join(sources) if sources else "none",
         compute_s=sum(r.measurement.wall_s for r in results),
+        slots_busy=slots_busy(study),
     )
+
+
+def slots_busy(study: Study) -> float | None:
+    """The share of the study's slots (its core budget) that held an epoch, from the
+    first epoch sent to the start of the tail: the first trial end after the last
+    trial started, when slots free up with nothing left to fill them (ASHA's tail,
+    fewer trials than slots). An epoch holds its config's cores from the moment its
+    worker takes it to the moment it is done (build, training, evaluation,
+    checkpoint); what the slots wait for around it (the worker's start-up, the
+    result's way back, the driver's decision, the next send) is idle. None before any
+    epoch of this run finished; the same epochs' share of the whole span when the
+    study ended before a tail could start."""
+    sent = [t[1] for t in study.epoch_times.values() if math.isfinite(t[1])]
+    results = [r for t in study.trials.values() for r in t.results]
+    if not sent or not results:
+        return None
+    start = min(sent)
+    last_start = max((t.started for t in study.trials.values() if t.started is not None),
+                     default=start)
+    ends = [t.ended for t in study.trials.values()
+            if t.ended is not None and t.ended >= last_start]
+    end = min(ends) if ends else max(r.finished for r in results)
+    if end <= start:
+        end = max(r.finished for r in results)
+    if end <= start:
+        return None
+    held = sum(r.system.cores * max(0.0, min(r.finished, end) - max(r.started, start))
+               for r in results)
+    return min(1.0, held / (study.core_budget * (end - start)))
 
 
 def trials_table(study: Study) -> pd.DataFrame:

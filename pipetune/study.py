@@ -799,6 +799,7 @@ class Study:
             return
         trial.state = state
         trial.error = error
+        trial.ended = time.time()
         self._queue = deque(t for t in self._queue if t.trial_id != trial.trial_id)
         seen = trial.tuner_history()
         if state is not TrialState.FAILED and seen and seen[-1].phase is Phase.PROBE:

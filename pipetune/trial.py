@@ -48,6 +48,8 @@ class Trial:
     #: Wall-clock time (``time.time()``) the engine started the trial (asked the
     #: searcher for it), or None when not known; its MLflow run starts then.
     started: float | None = None
+    #: Wall-clock time the trial ended (finished, stopped or failed); None while it runs.
+    ended: float | None = None
 
     def tuner_history(self) -> list[EpochObservation]:
         """The observations the system tuner sees, numbered from its baseline."""

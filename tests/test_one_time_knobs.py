@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -535,3 +536,28 @@ def test_a_later_trial_compiles_on_the_worker_that_paid_and_learns_what_a_reuse_
     assert compiled[2] == [False, False, False, False]
     assert fresh.trials[2].decisions[1].inputs["worker_one_time"] == pytest.approx(1.2,
                                                                                     abs=0.35)
+
+
+def test_the_slots_busy_share_counts_epochs_held_until_the_tail(tmp_path):
+    from pipetune.events import EpochFinished
+    from pipetune.reports import slots_busy
+
+    def busy_share(name, driver_pause_s):
+        job = synthetic_job(name, trials=3)
+        job["workload"]["params"]["base_seconds"] = 0.3
+        spec = JobSpec.from_dict(job, machine=MACHINE)
+        study = Study(spec, study_id=name, checkpoints=CheckpointStore(tmp_path / name),
+                      core_budget=1, machine=MACHINE)
+        # A driver that takes driver_pause_s to act on each finished epoch.
+        study.observe(lambda e: isinstance(e, EpochFinished) and time.sleep(driver_pause_s))
+        return run_study_locally(study)
+
+    quick = busy_share("quick", 0.0)
+    busy = quick.summary().slots_busy
+    assert busy == slots_busy(quick) and busy > 0.8
+    assert quick.summary().to_metrics()["slots_busy"] == busy
+    # Each epoch followed by 0.6 s of the driver: the slot is held epoch / (epoch + 0.6).
+    slow = busy_share("slow", 0.6)
+    epochs = [r.finished - r.started for t in slow.trials.values() for r in t.results]
+    epoch = sum(epochs) / len(epochs)
+    assert slow.summary().slots_busy == pytest.approx(epoch / (epoch + 0.6), abs=0.08)

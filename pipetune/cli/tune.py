@@ -494,7 +494,8 @@ def _print_summary(summary: dict, metric: str, api_url: str, server) -> None:
           f"{int(summary['epochs_run'])} | probe epochs {int(summary['probe_epochs'])} | "
           f"ground-truth hits {int(summary['groundtruth_hits'])}/"
           f"{int(summary['groundtruth_lookups'])} | energy {summary['energy_j']:.1f} J "
-          f"({summary['energy_source']})")
+          f"({summary['energy_source']})" + (
+              f" | slots busy {summary['slots_busy']:.0%}" if "slots_busy" in summary else ""))
     if summary.get("resumed_epochs"):
         print(f"resumed study {summary['study_id']}: {int(summary['resumed_epochs'])} finished "
               "epochs taken over, not run again")
