@@ -6,6 +6,9 @@ For one job file, in one run, each in a fresh process as a user would start it:
   one torch thread per trial, as many trials at once as cores);
 - ``optuna-compiled``: the same, every trial compiled (``system.default.compile``),
   into a fresh compile cache of its own;
+- ``ray-tune``: ``python -m pipetune.bench.ray_tune`` (Ray Tune: OptunaSearch TPE +
+  ASHA, one CPU and one torch thread per trial, as many trials at once as cores);
+  skipped with one line when Ray is not installed (``pip install 'pipetune[peers]'``);
 - ``pipetune-cold``: ``pipetune tune`` with a fresh pipetune home (empty ground truth
   and compile cache) and a fresh MLflow store;
 - ``pipetune-warm``: ``pipetune tune`` again on the same home (the ground truth and
@@ -55,7 +58,23 @@ def env_for(home: Path, cache: Path | None) -> dict[str, str]:
     return env
 
 
-def run_optuna(job: dict, work: Path, name: str) -> dict:
+#: The strategies run in a fresh process of their own module, no pipetune around them.
+PEER_MODULES = {"optuna-plain": "pipetune.bench_optuna",
+                "optuna-compiled": "pipetune.bench_optuna",
+                "ray-tune": "pipetune.bench.ray_tune"}
+STRATEGIES = ("optuna-plain", "optuna-compiled", "ray-tune", "pipetune-cold", "pipetune-warm")
+
+
+def run_peer(job: dict, work: Path, name: str) -> dict | None:
+    """A peer strategy (optuna-plain, optuna-compiled, ray-tune) in a fresh process;
+    None, after its one line on stderr, when its library is not installed."""
+    from pipetune.bench import peer_unavailable
+    from pipetune.bench.ray_tune import EXIT_UNAVAILABLE
+
+    line = peer_unavailable(name)
+    if line is not None:
+        print(line, file=sys.stderr, flush=True)
+        return None
     data = json.loads(json.dumps(job))
     data["pipetune"]["enabled"] = False
     if name == "optuna-compiled":
@@ -65,9 +84,12 @@ def run_optuna(job: dict, work: Path, name: str) -> dict:
     out = work / f"{name}-result.json"
     env = env_for(work / f"{name}-home", work / f"{name}-cache")
     started = time.time()
-    proc = subprocess.run([sys.executable, "-m", "pipetune.bench_optuna", str(path),
+    proc = subprocess.run([sys.executable, "-m", PEER_MODULES[name], str(path),
                            "--json", str(out)], env=env, capture_output=True, text=True)
     wall = time.time() - started
+    if name == "ray-tune" and proc.returncode == EXIT_UNAVAILABLE:  # ray without ray.tune
+        print(proc.stderr.strip().splitlines()[-1], file=sys.stderr, flush=True)
+        return None
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed: {proc.stderr[-2000:]}")
     result = json.loads(out.read_text())
@@ -116,22 +138,28 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("job", type=Path)
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--skip", default="", help="comma-separated strategies to leave out")
+    parser.add_argument("--skip", default="", help="comma-separated strategies to leave out "
+                        f"(of {', '.join(STRATEGIES)})")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
+    unknown = sorted(skip - set(STRATEGIES))
+    if unknown:
+        parser.error(f"--skip: unknown strategy {', '.join(unknown)}")
     job = job_dict(args.job.resolve())
     rows = []
     with tempfile.TemporaryDirectory(prefix="pipetune-pays-") as tmp:
         work = Path(tmp)
-        for name in ("optuna-plain", "optuna-compiled"):
-            if name not in skip:
-                rows.append(run_optuna(job, work, name))
-                print(json.dumps(rows[-1]), flush=True)
         home = work / "pipetune-home"
-        for name in ("pipetune-cold", "pipetune-warm"):
-            if name not in skip:
-                rows.append(run_pipetune(job, work, name, home))
-                print(json.dumps(rows[-1]), flush=True)
+        for name in STRATEGIES:
+            if name in skip:
+                continue
+            if name in PEER_MODULES:
+                row = run_peer(job, work, name)
+            else:
+                row = run_pipetune(job, work, name, home)
+            if row is not None:
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     per_epoch = {r["strategy"]: r["process_s"] / r["epochs"] for r in rows if r["epochs"]}
     optuna = [per_epoch[n] for n in ("optuna-plain", "optuna-compiled") if n in per_epoch]
     ref = min(optuna) if optuna else None

@@ -40,6 +40,7 @@ from pipetune.bench import (
     strategy_spec,
     write_report,
 )
+from pipetune.bench.ray_tune import RayTuneRunFailed
 from pipetune.bench_optuna import OptunaRunFailed
 from pipetune.dask.address import default_address
 from pipetune.errors import BrokenWorkload, PipetuneError
@@ -111,11 +112,28 @@ def run_optuna_plain(spec: JobSpec, out: Path, *, cores: int,
     return result_from_optuna(run_subprocess(job_file, n_jobs=cores, env=env), name)
 
 
-def _failure_reason(error: PipetuneError | OptunaRunFailed) -> str:
-    """One line: what a broken workload or a failed Optuna child said, else the refusal
-    with its type."""
+def run_ray_tune(spec: JobSpec, out: Path, *, cores: int) -> StrategyResult:
+    """Strategy ray-tune: Ray Tune in a fresh process, so its whole-process time
+    (imports, Ray's own processes) is honest. A child that cannot import Ray Tune is a
+    failed strategy with its one line."""
+    from pipetune.bench.ray_tune import STRATEGY, RayTuneUnavailable, run_subprocess
+    from pipetune.bench.results import result_from_optuna
+
+    job_file = out / "ray-tune-job.json"
+    job_file.write_text(json.dumps(spec.to_dict()))  # JSON is YAML: load_spec reads it
+    try:
+        return result_from_optuna(run_subprocess(job_file, n_jobs=cores), STRATEGY)
+    except RayTuneUnavailable as e:
+        return StrategyResult.failure("ray-tune", e.line)
+
+
+def _failure_reason(error: PipetuneError | OptunaRunFailed | RayTuneRunFailed) -> str:
+    """One line: what a broken workload or a failed Optuna or Ray Tune child said, else
+    the refusal with its type."""
     if isinstance(error, OptunaRunFailed):
         return f"the Optuna process exited {error.exit_code}: {error.reason}"
+    if isinstance(error, RayTuneRunFailed):
+        return f"the Ray Tune process exited {error.exit_code}: {error.reason}"
     if isinstance(error, BrokenWorkload):
         return str(error)
     return f"{type(error).__name__}: {error}"
@@ -207,7 +225,7 @@ class _BenchRun:
         try:
             spec = self._strategy_spec(name)
             result = self._run_strategy(name, spec, seen, call_started)
-        except (PipetuneError, OptunaRunFailed) as e:
+        except (PipetuneError, OptunaRunFailed, RayTuneRunFailed) as e:
             run_id = self.tracker.study_run_of(seen[-1].study_id) if seen else None
             result = StrategyResult.failure(name, _failure_reason(e), study_run_id=run_id)
         finally:
@@ -239,6 +257,8 @@ class _BenchRun:
              f"{'on' if spec.pipetune.enabled else 'off'}")
         if name in OPTUNA:
             return run_optuna_plain(spec, self.out, cores=self.machine.cores, name=name)
+        if name == "ray-tune":
+            return run_ray_tune(spec, self.out, cores=self.machine.cores)
         summary, study = run_study(
             spec, name=name, tracking_uri=self.tracking_uri,
             checkpoint_root=self.checkpoint_root, groundtruth_path=str(self.groundtruth),

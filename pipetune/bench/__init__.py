@@ -7,6 +7,8 @@ run and what the numbers mean. One module per reason to change:
 ``jobs``        reading a bench job file and its ``bench`` section (data root,
                 fallback data, ``--quick`` sizes, the optuna-plain target)
 ``strategies``  the strategies as job-spec transformations, and the oracle's plan
+``ray_tune``    strategy ``ray-tune``: Ray Tune on the same workload code, in a fresh
+                process (``python -m pipetune.bench.ray_tune``; the ``peers`` extra)
 ``results``     what a study measured, the results table with its ratios and target
                 checks, the JSON form
 ``report``      the markdown tables, the figures, the files written to the out folder
@@ -44,9 +46,11 @@ from pipetune.bench.results import (
 from pipetune.bench.strategies import (
     GROUNDTRUTH_USE,
     ORACLE,
+    PEERS,
     REFERENCE,
     STRATEGIES,
     oracle_spec,
+    peer_unavailable,
     strategy_spec,
     system_axes,
 )
@@ -57,6 +61,7 @@ __all__ = [
     "GROUNDTRUTH_USE",
     "OPTUNA_TARGET",
     "ORACLE",
+    "PEERS",
     "REFERENCE",
     "STRATEGIES",
     "BenchJob",
@@ -71,6 +76,7 @@ __all__ = [
     "metric_time_figure",
     "oracle_rows",
     "oracle_spec",
+    "peer_unavailable",
     "quick_overrides",
     "resolve_data_params",
     "result_from_optuna",

@@ -7,6 +7,11 @@ Strategies, all with the job's hyperparameter space, trial budget and seeds:
                    workload code (TPE + SuccessiveHalvingPruner from the job's ASHA
                    settings, ``n_jobs`` = cores, one torch thread each), in a fresh
                    process with no Prefect, Dask or MLflow (:mod:`pipetune.bench_optuna`)
+``ray-tune``       the other peer: Ray Tune (``Tuner`` + ``OptunaSearch`` TPE +
+                   ``ASHAScheduler`` from the job's ASHA settings, one CPU and one torch
+                   thread per trial, as many at once as cores) on the same workload code,
+                   in a fresh process (:mod:`pipetune.bench.ray_tune`); needs the
+                   ``peers`` extra, and is skipped with one line without it
 ``v1-default``     hyperparameters only; every epoch under the job's default config with
                    all of the machine's cores, one trial at a time (a framework default)
 ``v1-one-core``    hyperparameters only; one core per trial, as many trials at once as
@@ -42,6 +47,9 @@ STRATEGIES: tuple[str, ...] = (
     "pipetune-cold",
     "pipetune-warm",
 )
+#: Strategies that run another tuning library, installed by an optional extra
+#: (``pip install 'pipetune[peers]'``); :func:`peer_unavailable` says when one is not.
+PEERS: tuple[str, ...] = ("ray-tune",)
 ORACLE = "oracle"
 #: The strategy the results' ratios are taken against.
 REFERENCE = "v1-default"
@@ -49,6 +57,7 @@ REFERENCE = "v1-default"
 GROUNDTRUTH_USE: dict[str, str] = {
     "optuna-plain": "none",
     "optuna-compiled": "none",
+    "ray-tune": "none",
     "v1-default": "none",
     "v1-one-core": "none",
     "v2": "none",
@@ -77,7 +86,7 @@ def strategy_spec(name: str, base: JobSpec, machine: MachineInfo) -> JobSpec:
     PipeTune job as written."""
     data = base.to_dict()
     default = data["system"]["default"]
-    if name in ("optuna-plain", "optuna-compiled"):
+    if name in ("optuna-plain", "optuna-compiled", "ray-tune"):
         data["pipetune"]["enabled"] = False
         data["search"]["max_concurrent"] = machine.cores
         if name == "optuna-compiled":  # an expert's fixed rule: compile every trial
@@ -101,8 +110,19 @@ def strategy_spec(name: str, base: JobSpec, machine: MachineInfo) -> JobSpec:
     elif name in ("pipetune-cold", "pipetune-warm"):
         data["pipetune"]["enabled"] = True
     else:
-        raise SpecError("strategy", f"unknown strategy {name!r}; allowed: {', '.join(STRATEGIES)}")
+        raise SpecError("strategy", f"unknown strategy {name!r}; allowed: "
+                        f"{', '.join(STRATEGIES + PEERS)}")
     return JobSpec.from_dict(data, machine=machine)
+
+
+def peer_unavailable(name: str) -> str | None:
+    """For a strategy of :data:`PEERS` whose library is not installed, the one line
+    to print when skipping it; else None. Imports nothing heavy."""
+    if name == "ray-tune":
+        from pipetune.bench.ray_tune import unavailable
+
+        return unavailable()
+    return None
 
 
 def oracle_spec(base: JobSpec, params: Mapping[str, Any], machine: MachineInfo) -> JobSpec:

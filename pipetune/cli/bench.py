@@ -18,16 +18,28 @@ from pipetune.errors import SpecError
 
 
 def _strategies(text: str | None) -> list[str]:
-    from pipetune.bench import STRATEGIES
+    """The strategies to run: all of :data:`~pipetune.bench.STRATEGIES` by default, or
+    those named (a peer such as ``ray-tune`` only when named). A peer whose library is
+    not installed is left out with one line on stderr."""
+    from pipetune.bench import PEERS, STRATEGIES, peer_unavailable
 
     if not text:
         return list(STRATEGIES)
     names = [n.strip() for n in text.split(",") if n.strip()]
     for n in names:
-        if n not in STRATEGIES:
+        if n not in STRATEGIES + PEERS:
             raise SpecError("--strategies", f"unknown strategy {n!r}; allowed: "
-                            f"{', '.join(STRATEGIES)}")
-    return names
+                            f"{', '.join(STRATEGIES + PEERS)}")
+    kept = []
+    for n in names:
+        line = peer_unavailable(n)
+        if line is None:
+            kept.append(n)
+        else:
+            print(line, file=sys.stderr)
+    if not kept:
+        raise SpecError("--strategies", f"nothing left to run: {', '.join(names)} skipped")
+    return kept
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
@@ -117,6 +129,7 @@ def add_bench(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tracking-uri", default=None,
                    help="MLflow tracking URI (default: sqlite:///./mlflow.db)")
     p.add_argument("--strategies", default=None,
-                   help="comma-separated subset, e.g. v1-default,pipetune-cold")
+                   help="comma-separated subset, e.g. v1-default,pipetune-cold; "
+                   "ray-tune (Ray Tune, the peers extra) runs only when named")
     p.add_argument("--no-oracle", action="store_true", help="skip the oracle runs")
     p.set_defaults(run=run_bench_command)
