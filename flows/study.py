@@ -13,14 +13,15 @@ records, not task-engine runs: the engine cost the loop ~75 ms per epoch).
 from __future__ import annotations
 
 import contextlib
+import queue
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger
 from prefect.runtime import deployment, flow_run
 
+from flows.first import StartedStudy, attached_study, decisions_as_task_runs
 from flows.params import CoreBudget, JobArgument, TrialsOverride
 from pipetune.confine import confine_parameters, enforced
-from pipetune.events import Decided, LookedUp, Observer, StudyEvent
 from pipetune.session import StudyOptions, open_study
 from pipetune.spec import JobSpec, load_spec
 from pipetune.tracking import StudyTracker
@@ -62,6 +63,9 @@ def study_flow(
     parameter before anything is recorded. Returns the study's JSON-able summary.
     """
     logger = get_run_logger()
+    started = attached_study()
+    if started is not None:  # pipetune tune: the study trains already, beside this run
+        return _witness(started, logger)
     deployment_id = _deployment_id()
     checked, policy = confine_parameters(
         {"job": job, "tracking_uri": tracking_uri, "checkpoint_root": checkpoint_root,
@@ -85,8 +89,43 @@ def study_flow(
     _link_mlflow_run(opened.tracker, opened.tracking_uri, opened.study_id)
     task_runs = TaskRunWriter(run_id, api_url())
     summary = opened.run(PrefectEpochBackend(opened.dask_backend(), task_runs),
-                         observers=[_decisions_as_task_runs(task_runs)])
+                         observers=[decisions_as_task_runs(task_runs, logger.info)])
     return {**summary, "flow_run_id": run_id}
+
+
+def _witness(started: StartedStudy, logger: Any) -> dict[str, Any]:
+    """The flow run of a study that started training before it existed
+    (:mod:`flows.first`): its task runs so far are sent under this run, its MLflow runs
+    and journal learn this run's id, its decisions go to this run's log as they come,
+    and the run ends with the study (Failed with the study's error)."""
+    run_id = str(flow_run.id or "")
+    started.flow_run_id = run_id
+    started.task_runs.bind(run_id, api_url())
+    opened = started.opened
+    _name_flow_run(opened.study_id)
+
+    def say_lines() -> None:
+        while True:
+            try:
+                level, line = started.lines.get_nowait()
+            except queue.Empty:
+                return
+            logger.log(level, "%s", line)
+
+    opened.runs_known(run_id)  # waits for the MLflow run, opened beside the study
+    _link_mlflow_run(opened.tracker, opened.tracking_uri, opened.study_id)
+    while not started.done.wait(0.25):
+        say_lines()
+    say_lines()
+    try:  # what the study's end could not close (it ended before this run existed)
+        started.task_runs.close()
+    except Exception as e:  # noqa: BLE001 - the study finished; MLflow has all of it
+        logger.warning("the task-run record is incomplete: %s", e)
+    if started.error is not None:
+        raise RuntimeError(f"the study ended with {type(started.error).__name__}: "
+                           f"{started.error}") from None
+    assert started.summary is not None
+    return {**started.summary, "flow_run_id": run_id}
 
 
 def _deployment_id() -> str | None:
@@ -100,29 +139,6 @@ def _deployment_id() -> str | None:
     if run is not None:
         return str(run.deployment_id) if run.deployment_id else None
     return deployment.id
-
-
-def _decisions_as_task_runs(task_runs: TaskRunWriter) -> Observer:
-    """An engine observer: each profile lookup and tuning decision written as the task
-    run it was (with its own times), and each decision as a line in the flow run's log.
-    (A job known at a trial's start shows in its first epoch's config, not as a lookup.)"""
-    logger = get_run_logger()
-
-    def observe(event: StudyEvent) -> None:
-        if isinstance(event, LookedUp) and not event.known:
-            trial = event.trial_id
-            task_runs.ran("profile-lookup", f"trial-{trial}-profile-lookup", trial,
-                          event.started, event.ended, event.error)
-        elif isinstance(event, Decided):
-            trial, epoch = event.trial_id, event.after_epoch
-            task_runs.ran("tune-system", f"trial-{trial}-tune-after-epoch-{epoch}", trial,
-                          event.started, event.ended, event.error)
-            if event.decision is not None:
-                logger.info("trial %d after epoch %d: %s epoch under %s (%s)", trial, epoch,
-                            event.decision.phase.value, event.decision.system.label(),
-                            event.decision.reason)
-
-    return observe
 
 
 def current_flow_run_id() -> str | None:

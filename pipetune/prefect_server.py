@@ -35,9 +35,9 @@ _DATABASE_SETTINGS = (
 #: win: a user's value is kept.
 RECORDER_SETTINGS = {
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "200",
-    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "0.25",
     "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE": "200",
-    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "1",
+    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "0.25",
 }
 
 
@@ -98,11 +98,21 @@ class LocalPrefectServer:
         self._settled.set()
         self._lock = threading.Lock()
         self._stopped = False
+        self._launched = False
         self._database_url: str | None = None
 
     def start(self) -> LocalPrefectServer:
         """Launch the server and wait until it is healthy."""
         return self.launch().wait_healthy()
+
+    def launch_once(self) -> LocalPrefectServer:
+        """:meth:`launch`, unless it was launched (or stopped) already: safe from any
+        thread, any number of times."""
+        with self._lock:
+            if self.process is None and not self._stopped and not self._launched:
+                self._launched = True
+                self.launch()
+        return self
 
     def launch(self) -> LocalPrefectServer:
         """Start the server process and return at once (see :meth:`wait_healthy`)."""
@@ -288,6 +298,8 @@ def prefect_api(
     on_url: Callable[[str], None] | None = None,
     before_wait: Callable[[], None] | None = None,
     on_exit: Callable[[], None] | None = None,
+    wait: bool = True,
+    launch: bool = True,
 ) -> Iterator[LocalPrefectServer | None]:
     """The Prefect API for one command: the one ``PREFECT_API_URL`` names if set, else a
     :class:`LocalPrefectServer` started here (its URL exported for child processes, such
@@ -297,7 +309,11 @@ def prefect_api(
     once the URL is exported, then the server is launched, then ``before_wait()`` runs
     (checking the job, say) before waiting for the server to be healthy. If either
     raises, the server is stopped. ``on_exit()`` runs on the way out, just before the
-    server is stopped (so the caller's own clean-up can start beside the stop)."""
+    server is stopped (so the caller's own clean-up can start beside the stop). With
+    ``wait=False`` it yields the server still booting: the caller waits for it
+    (:meth:`LocalPrefectServer.wait_healthy`) where it needs it; with ``launch=False``
+    not even launched (its URL is exported all the same): the caller launches it
+    (:meth:`LocalPrefectServer.launch_once`) once its own start-up is done."""
     if os.environ.get("PREFECT_API_URL"):
         if on_url is not None:
             on_url(os.environ["PREFECT_API_URL"])
@@ -330,12 +346,14 @@ def prefect_api(
     if retries_ours:
         os.environ[_CLIENT_RETRIES] = "1"
     try:
-        server.launch()
+        if launch:
+            server.launch_once()
         if on_url is not None:
             on_url(server.api_url)
         if before_wait is not None:
             before_wait()
-        server.wait_healthy()
+        if wait:
+            server.launch_once().wait_healthy()
         yield server
     finally:
         if on_exit is not None:

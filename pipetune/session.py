@@ -90,6 +90,11 @@ class StudyOptions:
     tags: Mapping[str, str] = field(default_factory=dict)
     #: The journal's id of the process that runs it (a Prefect flow run id), if any.
     runner_id: str = ""
+    #: Training first: the study's MLflow run is opened beside its first epochs (its
+    #: writes wait in the sink, and in the spool, until the store answers), and the
+    #: journal learns its run id when the study ends or a caller asks
+    #: (:meth:`OpenedStudy.runs_known`).
+    start_first: bool = False
 
 
 def check_study(spec: JobSpec, options: StudyOptions) -> None:
@@ -188,7 +193,8 @@ def open_study(spec: JobSpec, options: StudyOptions, *, policy: Any = None,
     if space_dropped:
         tags["pipetune.space_dropped"] = json.dumps(space_dropped, sort_keys=True)
     tracker = StudyTracker(tracking_uri, spec, tags=tags,
-                           resume_run_id=resumed.get("parent_run_id"))
+                           resume_run_id=resumed.get("parent_run_id"),
+                           defer_open=options.start_first)
     # ``mlflow``: checkpoints are artifacts of the study's run (through the tracking
     # server's artifact proxy on a team stack), so every host reaches them by URL.
     checkpoints = CheckpointStore(
@@ -210,11 +216,12 @@ def open_study(spec: JobSpec, options: StudyOptions, *, policy: Any = None,
                  study.resumed_epochs)
     tracker.reopen_trials(
         [t.trial_id for t in study.trials.values() if t.state == TrialState.RUNNING])
-    journal.update(status="running", reason=None, parent_run_id=tracker.parent_run_id,
-                   flow_run_id=options.runner_id)
+    ids = {} if options.start_first else {"parent_run_id": tracker.parent_run_id}
+    journal.update(status="running", reason=None, flow_run_id=options.runner_id, **ids)
     log.info("study %s: %s, %d trials (%d at a time), pipetune %s; MLflow parent run %s",
              study_id, spec.workload.name, spec.search.trials, spec.search.max_concurrent,
-             "on" if spec.pipetune.enabled else "off", tracker.parent_run_id)
+             "on" if spec.pipetune.enabled else "off",
+             ids.get("parent_run_id", "opened beside it"))
     return OpenedStudy(study=study, journal=journal, tracker=tracker, checkpoints=checkpoints,
                        client=client, tracking_uri=tracking_uri, dropped=tuple(dropped),
                        log=log)
@@ -238,6 +245,21 @@ class OpenedStudy:
     def study_id(self) -> str:
         return self.study.study_id
 
+    def _run_ids_known(self) -> dict[str, str]:
+        """The study's MLflow run id for its journal, where known by now (not waited for)."""
+        ids = self.tracker._ids  # noqa: SLF001 - read only
+        return {"parent_run_id": ids[1]} if ids and ids[1] else {}
+
+    def runs_known(self, flow_run_id: str | None = None) -> None:
+        """What a study started first learns once its records answer: its MLflow run
+        (waited for here) in the journal, and the Prefect flow run it belongs to on its
+        MLflow runs and in the journal (``--resume`` finds it by that id)."""
+        changes: dict[str, Any] = {"parent_run_id": self.tracker.parent_run_id}
+        if flow_run_id:
+            self.tracker.add_tags({"prefect.flow_run_id": flow_run_id})
+            changes["flow_run_id"] = flow_run_id
+        self.journal.update(**changes)
+
     def dask_backend(self) -> EpochBackend:
         """The backend that runs this study's epochs on its cluster."""
         from pipetune.dask.backend import DaskBackend
@@ -259,13 +281,14 @@ class OpenedStudy:
         (:mod:`pipetune.events`) after the study's own records have, and, last, a
         :class:`~pipetune.events.StudyFinished` with the summary returned here."""
         from pipetune.events import StudyFinished
-        from pipetune.reports import orchestration_overhead, overhead_summary
+        from pipetune.reports import load_in_background, orchestration_overhead, overhead_summary
 
         study, tracker, log = self.study, self.tracker, self.log
         attached = [study.observe(self._record), *map(study.observe, observers),
                     *map(study.observe, _OBSERVING.get())]
         if study.ground_truth is not None:  # fit its clusters while epoch 1 runs
             study.ground_truth.prepare_in_background()
+        load_in_background()  # what the end draws with, loaded while it trains
         started = time.time()
         try:
             study.run(backend)
@@ -291,12 +314,16 @@ class OpenedStudy:
             reason = str(stop) if isinstance(stop, PipetuneError) else \
                 f"{type(stop).__name__}: {stop}"
             with contextlib.suppress(Exception):  # resumable with --resume either way
-                self.journal.update(status="stopped" if stopped else "failed", reason=reason)
+                self.journal.update(status="stopped" if stopped else "failed", reason=reason,
+                                    **self._run_ids_known())
                 self.journal.close()
             with contextlib.suppress(Exception):
                 backend.cancel()
             tracker.fail(status="KILLED" if stopped else "FAILED",
                          timeout=3 if stopped else 120, reason=reason)
+            with contextlib.suppress(Exception):  # a run opened beside the study: its id
+                if self._run_ids_known():
+                    self.journal.update(**self._run_ids_known())
             if tracker.waiting is not None:
                 log.warning("%s", tracker.waiting.line(), extra=NOTICE)
             with contextlib.suppress(Exception):
@@ -305,7 +332,7 @@ class OpenedStudy:
         finally:
             for observer in attached:
                 study.unobserve(observer)
-        self.journal.update(status="finished")
+        self.journal.update(status="finished", **self._run_ids_known())
         self.journal.close()
         try:  # the study is done and in MLflow; a lost side record is not worth failing it
             backend.close()

@@ -57,11 +57,12 @@ class TaskRunSink:
         from prefect.context import get_settings_context
         from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES
 
-        from tasks.epoch import train_epoch
+        from tasks.epoch import evaluate_checkpoint, train_epoch
         from tasks.tuning import decide_system, lookup_groundtruth
 
         self._task_keys = {t.name: t.task_key for t in
-                           (train_epoch, lookup_groundtruth, decide_system)}
+                           (train_epoch, lookup_groundtruth, decide_system,
+                            evaluate_checkpoint)}
         # This process may have imported Prefect before the study's API was known. No
         # retries inside a call (Prefect's own back off for a minute per call): the
         # sink backs off itself, between calls, without holding the queue.
@@ -280,7 +281,7 @@ class TaskRunSink:
                 now = time.monotonic()
                 if now >= deadline:
                     break
-                time.sleep(min(0.5 if self._unanswered is None else 1.0, deadline - now))
+                time.sleep(min(0.1 if self._unanswered is None else 1.0, deadline - now))
                 self._retry_at = 0.0
         finally:
             self._client.__exit__(None, None, None)
@@ -301,9 +302,33 @@ def _iso(at: float) -> str:
 
 
 class TaskRunWriter:
-    """In the study process: what ran, sent to a :class:`TaskRunSink` (no waiting)."""
+    """In the study process: what ran, sent to a :class:`TaskRunSink` (no waiting).
 
-    def __init__(self, flow_run_id: str, api_url: str, channel: Channel | None = None):
+    A writer made with :meth:`deferred` has no flow run yet (the study started before
+    its flow run was created, beside it): it keeps what ran, in order, with its own
+    times, until :meth:`bind` names the flow run, and sends it all then."""
+
+    def __init__(self, flow_run_id: str | None, api_url: str, channel: Channel | None = None):
+        self._open: dict[str, None] = {}
+        self._lock = threading.Lock()
+        self._held: list[tuple[Any, ...]] | None = None
+        self._channel = None
+        self.enabled = False
+        if flow_run_id is None and channel is None:  # deferred: see bind
+            self._held = []
+            return
+        self._attach(flow_run_id or "", api_url, channel)
+
+    @classmethod
+    def deferred(cls) -> TaskRunWriter:
+        """A writer whose flow run is not known yet (:meth:`bind` gives it)."""
+        return cls(None, "")
+
+    @property
+    def bound(self) -> bool:
+        return self._held is None
+
+    def _attach(self, flow_run_id: str, api_url: str, channel: Channel | None) -> None:
         # Without an API URL this process runs Prefect's in-process (ephemeral) server,
         # which the recorder process cannot reach: then nothing is written.
         self.enabled = channel is not None or bool(api_url and flow_run_id)
@@ -312,10 +337,26 @@ class TaskRunWriter:
             self._channel = shared_host().attach(
                 "tasks.task_runs:TaskRunSink", "prefect", api_url=api_url,
                 flow_run_id=flow_run_id)
-        self._open: dict[str, None] = {}
-        self._lock = threading.Lock()
+
+    def bind(self, flow_run_id: str, api_url: str) -> None:
+        """Name the flow run a deferred writer's task runs belong to and send what it
+        kept, in order; from now on it sends as it goes."""
+        with self._lock:
+            if self._held is None:
+                raise RuntimeError("this task-run writer has its flow run already")
+            self._attach(flow_run_id, api_url, None)
+            held, self._held = self._held, None
+            for message in held:
+                self._send_now(*message)
 
     def _send(self, *message: Any) -> None:
+        with self._lock:
+            if self._held is not None:
+                self._held.append(message)
+                return
+        self._send_now(*message)
+
+    def _send_now(self, *message: Any) -> None:
         if self._channel is not None:
             self._channel.send(*message)
 
@@ -347,7 +388,9 @@ class TaskRunWriter:
             self._send("finish", run_id, time.time(), None, True)
 
     def close(self, timeout: float | None = 60.0) -> None:
-        """Wait until Prefect has every task-run state sent so far; raise what a call raised."""
+        """Wait until Prefect has every task-run state sent so far; raise what a call
+        raised. A deferred writer not bound yet keeps what it holds: it is closed by
+        whoever binds it."""
         if self._channel is not None:
             self._channel.close(timeout)
 

@@ -65,7 +65,7 @@ class _QuietFlowConsole(logging.Filter):
         return True
 
 
-class _NoticeHandler(logging.Handler):
+class NoticeHandler(logging.Handler):
     """Prints a flow's notices as the CLI's own lines on stderr."""
 
     def __init__(self, console: FlowConsole) -> None:
@@ -112,7 +112,7 @@ def quiet_flow_tracebacks() -> Iterator[FlowConsole]:
     handlers = _console_handlers()
     for handler in handlers:
         handler.addFilter(quiet)
-    notices = _NoticeHandler(console)
+    notices = NoticeHandler(console)
     run_logger = logging.getLogger("prefect.flow_runs")
     run_logger.addHandler(notices)
     try:

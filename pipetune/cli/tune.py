@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import math
 import os
 import re
@@ -99,17 +98,6 @@ def _stop_on_signals():
             signal.signal(s, handler)
 
 
-@contextlib.contextmanager
-def _as_stopped():
-    """Prefect's flow engine has its own SIGTERM handler; what it raises is a stop too."""
-    try:
-        yield
-    except BaseException as e:
-        if type(e).__name__ == "TerminationSignal" and isinstance(getattr(e, "signal", None), int):
-            raise Stopped(e.signal) from None
-        raise
-
-
 def _run_tune(args: argparse.Namespace) -> int:
     from pipetune.home import pipetune_home
     from pipetune.prefect_server import prefect_api
@@ -118,27 +106,24 @@ def _run_tune(args: argparse.Namespace) -> int:
     _check_options(args)
     quiet_defaults()
     _skip_final_collections()
-    # The Prefect server (a process of its own) is launched first; the job is checked
-    # while it boots (a bad one stops it again: exit 2, nothing recorded); then the
-    # embedded cluster (its fork server importing torch once for every worker), the
-    # flow's imports and the MLflow store (in the recorder process) start side by side
-    # until the server is up. (Starting the fork server or the flow's imports before the
-    # check was measured slower: on 2 cores they take the CPU the check and the server
-    # need.)
+    # Training first (flows.first): the embedded cluster's fork server starts importing
+    # torch now; the local Prefect server is launched and the job checked while it does
+    # (a bad job stops it again: exit 2, nothing recorded); then the cluster and the
+    # study, whose first epoch goes out before Prefect or MLflow answer. The Prefect
+    # server's boot, the flow run and the MLflow run come up beside the training.
+    if not args.dask_address:
+        from pipetune.dask.cluster import launch_forkserver
+
+        launch_forkserver()
     startup = _BackgroundStartup(args, startup_marks)
     server = None
     try:
-        with prefect_api(pipetune_home() / "prefect-server.log",
-                         before_wait=startup.check_then_start,
-                         on_exit=startup.close_cluster) as server:
+        with prefect_api(pipetune_home() / "prefect-server.log", before_wait=startup.check_job,
+                         on_exit=startup.close_cluster, wait=False, launch=False) as server:
             if server is not None:
                 server.on_lost = _quiet_lost_server
                 server.on_restarted = _say_restarted
-            startup_marks.mark("Prefect server ready")
-            startup.wait_ready()
-            startup_marks.mark("all ready")
-            summary = _run_study_flow(args, startup, server)
-            startup_marks.mark("flow ended")
+            summary = _train_first(args, startup, server)
             startup_marks.mark("tuning started", summary["started_at"])
             startup_marks.mark("first epoch", summary["first_epoch_at"])
             startup_marks.mark("study done", summary["started_at"] + summary["tuning_wall_s"])
@@ -161,30 +146,23 @@ def _run_tune(args: argparse.Namespace) -> int:
 
 
 class _BackgroundStartup:
-    """What ``tune`` does while the Prefect server boots: the job's check, then the
-    flow's imports, the embedded cluster and the MLflow store started in background
-    threads; and, on the way out, the cluster's close beside the server's stop."""
+    """What ``tune`` does before its study: the job's check and the embedded cluster;
+    and, on the way out, the cluster's close beside the server's stop."""
 
     def __init__(self, args: argparse.Namespace, marks: _Startup) -> None:
         self.args = args
         self.marks = marks
-        self.startup: list[_Background] = []
-        self.flow_import: _Background | None = None
-        self.cluster: _Background | None = None
+        self.cluster_started = False
         self.closing: threading.Thread | None = None
         # the checked job, set by check_job
         self.spec = None
         self.tracking_uri: str | None = None
         self.core_budget = None
 
-    def check_then_start(self) -> None:
-        self.check_job()
-        self.overlap_startup()
-
     def check_job(self) -> None:
         from pipetune.session import StudyOptions, check_study
         from pipetune.spec import load_spec
-        from pipetune.tracking import default_tracking_uri, ensure_experiment_in_recorder
+        from pipetune.tracking import default_tracking_uri
 
         args = self.args
         spec = load_spec(args.job).with_overrides(
@@ -205,39 +183,26 @@ class _BackgroundStartup:
             except OSError as exc:
                 raise PipetuneError(
                     f"--dask-address: cannot reach {args.dask_address}: {exc}") from exc
-        # The store and experiment are created once, before fan-out, by the recorder
-        # process that writes the study's record: this process never loads MLflow.
-        self.startup.append(_Background(ensure_experiment_in_recorder, self.tracking_uri,
-                                        mark=self.marks, name="MLflow store ready"))
 
-    def overlap_startup(self) -> None:
-        self.flow_import = _Background(importlib.import_module, "flows.study",
-                                       mark=self.marks, name="flow imported")
-        self.startup.append(self.flow_import)
-        if not self.args.dask_address:
-            from pipetune.dask.cluster import shared_cluster
+    def start_cluster(self) -> None:
+        if self.args.dask_address:
+            return
+        from pipetune.dask.cluster import shared_cluster
 
-            self.cluster = _Background(shared_cluster, mark=self.marks, name="cluster ready")
-            self.startup.append(self.cluster)
-
-    def wait_ready(self) -> None:
-        for background in self.startup:
-            background.result()
+        self.cluster_started = True
+        shared_cluster()
+        self.marks.mark("cluster ready")
 
     def close_cluster(self) -> None:  # beside the server's stop, not after it
-        if self.flow_import is not None and not self.flow_import.is_alive():
-            with contextlib.suppress(Exception):  # imported: drain what it holds
+        if "flows.study" in sys.modules:  # what Prefect holds goes while its API is up
+            with contextlib.suppress(Exception):
                 sys.modules["flows.study"].drain_prefect(timeout=1)
-        if self.cluster is None or self.closing is not None:  # no cluster started here
+        if not self.cluster_started or self.closing is not None:  # no cluster started here
             return
         from pipetune.dask.cluster import close_shared_cluster
 
-        def close() -> None:
-            for background in self.startup:  # what is still starting is closed once it is up
-                background.join()
-            close_shared_cluster()
-
-        self.closing = threading.Thread(target=close, name="pipetune-close-cluster")
+        self.closing = threading.Thread(target=close_shared_cluster,
+                                        name="pipetune-close-cluster")
         self.closing.start()
 
     def join_closing(self) -> None:
@@ -245,67 +210,101 @@ class _BackgroundStartup:
             self.closing.join()
 
 
-def _run_study_flow(args: argparse.Namespace, startup: _BackgroundStartup, server) -> dict:
-    """The study flow on the checked job, under the live table; its summary. A study
-    that finished is a success even if the Prefect API stopped answering before the
-    flow run's end could be recorded: one `warning:` line says what Prefect lacks."""
-    from flows.study import current_flow_run_id, flow_settings, settle_flow_run, study_flow
-    from pipetune.cli._console import quiet_flow_tracebacks
-    from pipetune.events import StudyFinished
-    from pipetune.net import api_unreachable
-    from pipetune.session import observing
+def _study_log(console):
+    """The study's log in this process: its notices as the command's ``warning:`` lines,
+    every line kept for the flow run's log (said there once the run exists)."""
+    import logging
+
+    from flows.first import LinesForTheFlowRun
+    from pipetune.cli._console import NoticeHandler
+
+    log = logging.getLogger("pipetune.study.tune")
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    for handler in list(log.handlers):
+        log.removeHandler(handler)
+    lines = LinesForTheFlowRun()
+    log.addHandler(lines)
+    log.addHandler(NoticeHandler(console))
+    return log, lines
+
+
+def _train_first(args: argparse.Namespace, startup: _BackgroundStartup, server) -> dict:
+    """The cluster, the study opened and trained here under the live table, its flow run
+    created beside it (:mod:`flows.first`); the study's summary. A study that finished
+    is a success even if its flow run could not be recorded (the Prefect API never
+    answered, or stopped): one ``warning:`` line says what Prefect lacks, after the
+    training."""
+    from flows.first import StartedStudy, flow_beside
+    from pipetune.cli._console import FlowConsole
+    from pipetune.events import EpochSent, StudyFinished
+    from pipetune.session import StudyOptions, observing, open_study
 
     spec = startup.spec
-    display = _LiveDisplay(spec.search.trials, spec.objective.metric)
-    finished: list[dict] = []
+    marks = startup.marks
+    startup.start_cluster()
+    console = FlowConsole()
+    log, lines = _study_log(console)
+    opened = open_study(spec, StudyOptions(
+        tracking_uri=startup.tracking_uri, checkpoint_root=args.checkpoints,
+        core_budget=startup.core_budget, dask_address=args.dask_address, resume=args.resume,
+        keep_checkpoints=args.keep_checkpoints, start_first=True), log=log)
+    marks.mark("study opened")
+    started = StartedStudy(opened, lines=lines.lines)
 
-    flow_run: list[str | None] = []
+    def wait_api() -> None:
+        if server is not None:
+            server.launch_once().wait_healthy()
+            marks.mark("Prefect server ready")
+
+    def launch_records(event) -> None:
+        # The first epoch is out: the Prefect server boots now, beside the training,
+        # not before it, on the CPU the cluster's start needed. (The MLflow store and
+        # run come up in the recorder process, which open_study started.)
+        if isinstance(event, EpochSent) and server is not None:
+            server.launch_once()
+
+    witness = flow_beside(
+        started, wait_api, own_server=server is not None,
+        job=spec, tracking_uri=startup.tracking_uri, checkpoint_root=args.checkpoints,
+        keep_checkpoints=args.keep_checkpoints, core_budget=startup.core_budget,
+        dask_address=args.dask_address, resume=args.resume)
+    display = _LiveDisplay(spec.search.trials, spec.objective.metric)
 
     def on_finish(event) -> None:
         if isinstance(event, StudyFinished):
-            finished.append(event.summary)
-            flow_run.append(current_flow_run_id())
             console.study_finished = True
 
-    # A refusal inside the flow: the one `error:` line, no engine traceback;
-    # a space value no worker can run: one `warning:` line.
-    with display, observing(display.observe), observing(on_finish), _as_stopped(), \
-            flow_settings(own_server=server is not None), quiet_flow_tracebacks() as console:
-        try:
-            return study_flow(
-                job=spec,  # checked once, at check_job; not again in the flow
-                tracking_uri=startup.tracking_uri,
-                checkpoint_root=args.checkpoints,
-                keep_checkpoints=args.keep_checkpoints,
-                core_budget=startup.core_budget,
-                dask_address=args.dask_address,
-                resume=args.resume,
-            )
-        except Exception as e:
-            if not finished or not api_unreachable(e):
-                raise
-            # The embedded server died and is being started again: its end, once it is up.
-            if server is not None and flow_run[-1] and server.wait_serving(timeout=60):
-                try:
-                    settle_flow_run(flow_run[-1], "the study finished (recorded after the "
-                                                  "Prefect server was started again)")
-                    return finished[-1]
-                except Exception as again:  # noqa: BLE001 - said below, once
-                    e = again
-            _say_flow_end_lost(e, console.notices, server)
-            return finished[-1]
+    try:
+        with display, observing(display.observe), observing(on_finish), \
+                observing(launch_records):
+            summary = started.run()
+    finally:  # a study that failed or was stopped does not wait long for its record
+        witness.join(_FLOW_RUN_END_S if started.summary is not None else 5.0)
+        marks.mark("flow ended")
+    if witness.is_alive() or witness.error is not None:
+        _say_flow_run_lost(witness, server, console.notices)
+    return summary
 
 
-def _say_flow_end_lost(error: BaseException, notices: list[str], server) -> None:
-    """One `warning:` line for a finished study whose flow run's end Prefect never got,
-    unless the study already said, in one, that its Prefect record is incomplete."""
+#: How long the command waits, once the study is done, for its flow run to be recorded
+#: (the Prefect server still booting, the task runs catching up) before it says what
+#: Prefect lacks and exits.
+_FLOW_RUN_END_S = float(os.environ.get("PIPETUNE_FLOW_RUN_END_S") or 60)
+
+
+def _say_flow_run_lost(witness, server, notices: list[str]) -> None:
+    """One ``warning:`` line: the study finished (MLflow has all of it) but its flow run
+    is not (all) in Prefect."""
     if any("Prefect" in notice for notice in notices):
         return
     lost = "" if server is None or server.lost_code is None else \
         f" (the local Prefect server exited with code {server.lost_code})"
-    print(f"warning: the Prefect API at {os.environ.get('PREFECT_API_URL', '?')} stopped "
-          f"answering{lost}: the flow run's end is not recorded there ({type(error).__name__}: "
-          f"{error}); the study finished and MLflow has all of it", file=sys.stderr, flush=True)
+    why = ("it did not answer in time" if witness.is_alive() else
+           f"{type(witness.error).__name__}: {witness.error}")
+    print(f"warning: the study's flow run is not recorded in the Prefect API at "
+          f"{os.environ.get('PREFECT_API_URL', '?')}{lost}: {why}; the study finished and "
+          "MLflow has all of it", file=sys.stderr, flush=True)
 
 
 def _say_restarted(code: int) -> None:
@@ -362,32 +361,6 @@ def _quiet_dask_teardown(unraisable) -> None:
     if sys.is_finalizing() and where.startswith("distributed."):
         return
     sys.__unraisablehook__(unraisable)
-
-
-class _Background(threading.Thread):
-    """Run ``fn(*args)`` in a thread now; :meth:`result` joins and re-raises."""
-
-    def __init__(self, fn, *args, mark: _Startup | None = None, name: str = "") -> None:
-        super().__init__(name=f"pipetune-{getattr(fn, '__name__', 'startup')}", daemon=True)
-        self._fn, self._args = fn, args
-        self._mark, self._mark_name = mark, name
-        self._error: BaseException | None = None
-        self._value = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self._value = self._fn(*self._args)
-            if self._mark is not None:
-                self._mark.mark(self._mark_name)
-        except BaseException as exc:  # noqa: BLE001 - re-raised by result()
-            self._error = exc
-
-    def result(self):
-        self.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
 
 
 class _LiveDisplay:

@@ -63,15 +63,25 @@ class MachineInfo:
             cores = len(os.sched_getaffinity(0))
         except AttributeError:  # pragma: no cover - not Linux
             cores = os.cpu_count() or 1
-        cuda = 0
-        try:
-            import torch
+        return cls(cores=cores, cuda_devices=_cuda_devices(), cpu_flags=read_cpu_flags())
 
-            if torch.cuda.is_available():
-                cuda = torch.cuda.device_count()
-        except Exception:  # noqa: BLE001 - torch missing or broken CUDA: no GPU
-            cuda = 0
-        return cls(cores=cores, cuda_devices=cuda, cpu_flags=read_cpu_flags())
+
+def _cuda_devices() -> int:
+    """CUDA devices torch can use. Without a GPU's device node (NVIDIA's, or ROCm's
+    ``/dev/kfd``) there is none, and torch is not imported to say so: ``pipetune tune``
+    checks a job before it needs torch (1 s of CPU beside the cluster's start)."""
+    import glob
+    import sys
+
+    if "torch" not in sys.modules and not (glob.glob("/dev/nvidia[0-9]*")
+                                           or os.path.exists("/dev/kfd")):
+        return 0
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - torch missing or broken CUDA: no GPU
+        return 0
 
 
 def read_cpu_flags(path: str | None = None) -> frozenset[str]:

@@ -188,6 +188,19 @@ class MlflowSink:
             self.client.log_dict(self.parent_run_id, content, name)
         return self.experiment_id, self.parent_run_id
 
+    def study_ids(self) -> tuple[str | None, str | None]:
+        """``(experiment_id, parent_run_id)`` of the study's run, once opened."""
+        return self.experiment_id, self.parent_run_id
+
+    def add_tags(self, tags: dict[str, str]) -> None:
+        """``tags`` on the study's run and its trial runs, and on those created later."""
+        self.tags = {**self.tags, **tags}
+        pairs = sorted(tags.items())
+        if self.parent_run_id is not None:
+            self.log(self.parent_run_id, tags=pairs)
+        for trial_id in list(self._children):
+            self.log(("trial", trial_id), tags=pairs)
+
     def resume_study(self, run_id: str, experiment: str = DEFAULT_EXPERIMENT,
                      ) -> tuple[str, dict[int, str]]:
         """Continue the parent run ``run_id`` (RUNNING again) and its trial runs; returns

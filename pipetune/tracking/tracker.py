@@ -115,6 +115,7 @@ class StudyTracker:
         client: MlflowClient | None = None,
         resume_run_id: str | None = None,
         spool: str | Path | None = None,
+        defer_open: bool = False,
     ):
 
         from pipetune.sidecar import ThreadHost, shared_host
@@ -132,6 +133,9 @@ class StudyTracker:
         #: trial ids whose child run was sent for creation.
         self._requested: set[int] = set()
         self._thread_host: ThreadHost | None = None
+        #: (experiment id, parent run id), once the sink has said them.
+        self._ids: tuple[str, str] | None = None
+        self._defer_open = defer_open
         #: What the study left waiting in its spool when it ended (None: nothing).
         self.waiting: SpoolNote | None = None
         if spool is None and self.tags.get("pipetune.study_id"):
@@ -158,6 +162,52 @@ class StudyTracker:
             raise
 
     @property
+    def experiment_id(self) -> str:
+        return self._study_ids()[0]
+
+    @property
+    def parent_run_id(self) -> str:
+        """The study's MLflow run; with ``defer_open``, asked of the sink the first time
+        (waiting until the store answered the run's creation)."""
+        return self._study_ids()[1]
+
+    def _study_ids(self) -> tuple[str, str]:
+        if self._ids is None:
+            if self._sink.closed:  # never opened (its store never answered)
+                return "", ""
+            self._ids = tuple(self._sink.call("study_ids"))  # type: ignore[assignment]
+        assert self._ids is not None
+        return self._ids
+
+    def add_tags(self, tags: dict[str, str], timeout: float | None = 60.0) -> None:
+        """Tags learned after the study started (the Prefect flow run it belongs to),
+        on the study's run and every trial run, those to come included. After the
+        study's end (its sink closed), a sink of its own writes them, and this waits
+        for it (at most ``timeout`` s)."""
+        self.tags.update(tags)
+        if not self._sink.closed:
+            self._sink.send("add_tags", dict(tags))
+            return
+        experiment_id, parent_run_id = self._study_ids()
+        if not parent_run_id:
+            return
+        if self._thread_host is not None:  # MLflow is loaded here: write them from here
+            for run_id in (parent_run_id, *self._children.values()):
+                for key, value in tags.items():
+                    self.client.set_tag(run_id, key, value)
+            return
+        from pipetune.sidecar import shared_host
+
+        late = shared_host().attach(
+            "pipetune.tracking.sink:MlflowSink", "mlflow-tags",
+            tracking_uri=self.tracking_uri, tags=self.tags, experiment_id=experiment_id,
+            parent_run_id=parent_run_id, children=dict(self._children))
+        try:
+            late.send("add_tags", dict(tags))
+        finally:
+            late.close(timeout)
+
+    @property
     def client(self) -> Any:
         """An MLflow client on the study's store in this process (built on first use:
         the tracker itself writes through its sink)."""
@@ -174,8 +224,8 @@ class StudyTracker:
 
     def _resume(self, run_id: str, experiment: str) -> None:
         """Continue the parent run ``run_id`` and its trial runs (a resumed study)."""
-        self.parent_run_id = run_id
-        self.experiment_id, self._children = self._sink.call("resume_study", run_id, experiment)
+        experiment_id, self._children = self._sink.call("resume_study", run_id, experiment)
+        self._ids = (experiment_id, run_id)
         self._requested = set(self._children)
 
     def reopen_trials(self, trial_ids: list[int]) -> None:
@@ -205,10 +255,13 @@ class StudyTracker:
             ({"hyperparameters": spec_dict["hyperparameters"], "system": spec_dict["system"]},
              "spaces.json"),
         ]
-        self.experiment_id, self.parent_run_id = self._sink.call(
-            "open_study", experiment, run_name or spec.name,
-            {**self.tags, "pipetune.kind": "study", "pipetune.job": spec.name}, params, files,
-            _ms_floor(self.started))
+        args = ("open_study", experiment, run_name or spec.name,
+                {**self.tags, "pipetune.kind": "study", "pipetune.job": spec.name}, params,
+                files, _ms_floor(self.started))
+        if self._defer_open:  # the store is created and the run opened beside the study
+            self._sink.send(*args)
+        else:
+            self._ids = tuple(self._sink.call(*args))  # type: ignore[assignment]
 
     # -- the sink -----------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> None:
@@ -222,6 +275,7 @@ class StudyTracker:
             return
         try:
             self.flush(timeout)
+            self._study_ids()  # known before the sink goes
         finally:
             self._sink.close(timeout)
             if self._thread_host is not None:
@@ -384,6 +438,8 @@ class StudyTracker:
             try:
                 self._note(self._sink.call("fail_study", status, reason, end_ms,
                                            timeout=timeout))
+                with contextlib.suppress(Exception):
+                    self._study_ids()  # known before the sink goes
             except Exception as e:  # noqa: BLE001 - failing already; say what was lost,
                 # and end the runs from here (the recorder may be gone)
                 logger.warning("MLflow: some writes of study run %s were lost",
