@@ -16,6 +16,7 @@ Nothing here imports Prefect until :func:`flow_beside`'s thread does.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import queue
@@ -62,9 +63,10 @@ class StartedStudy:
         self.opened = opened
         self.task_runs = TaskRunWriter.deferred()
         self.backend = PrefectEpochBackend(opened.dask_backend(), self.task_runs)
-        #: ``(level, line)`` for the flow run's log (the study's lines, its decisions),
+        #: ``(level, line, notice)`` for the flow run's log (the study's lines, its
+        #: decisions; a notice the command printed already),
         #: said by the flow run's thread (:class:`LinesForTheFlowRun` fills it).
-        self.lines: queue.SimpleQueue[tuple[int, str]] = lines or queue.SimpleQueue()
+        self.lines: queue.SimpleQueue[tuple[int, str, bool]] = lines or queue.SimpleQueue()
         self.done = threading.Event()
         self.summary: dict[str, Any] | None = None
         self.error: BaseException | None = None
@@ -75,7 +77,7 @@ class StartedStudy:
         """Train the study to its end here (:meth:`pipetune.session.OpenedStudy.run`)."""
         try:
             self.summary = self.opened.run(self.backend, observers=[decisions_as_task_runs(
-                self.task_runs, lambda line: self.lines.put((logging.INFO, line)))])
+                self.task_runs, lambda line: self.lines.put((logging.INFO, line, False)))])
             return self.summary
         except BaseException as e:
             self.error = e
@@ -90,10 +92,13 @@ class LinesForTheFlowRun(logging.Handler):
 
     def __init__(self) -> None:
         super().__init__()
-        self.lines: queue.SimpleQueue[tuple[int, str]] = queue.SimpleQueue()
+        self.lines: queue.SimpleQueue[tuple[int, str, bool]] = queue.SimpleQueue()
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.lines.put((record.levelno, record.getMessage()))
+        from pipetune.session import NOTICE_ATTR
+
+        self.lines.put((record.levelno, record.getMessage(),
+                        bool(getattr(record, NOTICE_ATTR, None))))
 
 
 class attached:  # noqa: N801 - a context manager, used as ``with attached(started):``
@@ -123,12 +128,14 @@ class FlowBeside(threading.Thread):
     what it raised (the API never answered, the flow run failed)."""
 
     def __init__(self, started: StartedStudy, wait_api: Callable[[], Any],
-                 flow_kwargs: dict[str, Any], own_server: bool):
+                 flow_kwargs: dict[str, Any], own_server: bool,
+                 around: Callable[[], contextlib.AbstractContextManager] | None = None):
         super().__init__(name="pipetune-flow-run", daemon=True)
         self.started = started
         self._wait_api = wait_api
         self._kwargs = flow_kwargs
         self._own_server = own_server
+        self._around = around or contextlib.nullcontext
         self.result: dict[str, Any] | None = None
         self.error: BaseException | None = None
         #: Set once the flow run exists (or the thread gave up before it could).
@@ -137,20 +144,72 @@ class FlowBeside(threading.Thread):
     def run(self) -> None:
         try:
             self._wait_api()
-            from flows.study import flow_settings, study_flow
-
-            with flow_settings(own_server=self._own_server), attached(self.started):
-                self.result = study_flow(**self._kwargs)
+            self._run_flow()
         except BaseException as e:  # noqa: BLE001 - the command says it, after the study
             self.error = e
         finally:
             self.created.set()
 
+    def _run_flow(self) -> None:
+        """The flow run; created again while the API does not answer (a server of the
+        user's restarting), until the study is done and ``$PIPETUNE_PREFECT_CATCH_UP_S``
+        (10 s) more have passed. A run whose end the API missed is settled Completed
+        once it answers again, if the study finished."""
+        import os
+        import time
 
-def flow_beside(started: StartedStudy, wait_api: Callable[[], Any], *,
-                own_server: bool, **flow_kwargs: Any) -> FlowBeside:
+        from flows.study import flow_settings, settle_flow_run, study_flow
+        from pipetune.net import api_unreachable
+
+        catch_up_s = float(os.environ.get("PIPETUNE_PREFECT_CATCH_UP_S") or 10.0)
+        done_at: float | None = None
+        while True:
+            try:
+                with flow_settings(own_server=self._own_server), self._around(), \
+                        attached(self.started):
+                    self.result = study_flow(**self._kwargs)
+                return
+            except Exception as e:
+                if not api_unreachable(e):
+                    raise
+                if self.started.done.is_set() and done_at is None:
+                    done_at = time.monotonic()
+                if done_at is not None and time.monotonic() - done_at > catch_up_s:
+                    raise
+                if self.started.flow_run_id is None:
+                    time.sleep(1.0)  # not created yet: try again
+                    continue
+                if self.started.summary is None:
+                    raise  # the study failed: its flow run's end is not worth waiting for
+                self._settle(settle_flow_run, catch_up_s)
+                return
+
+    def _settle(self, settle: Callable[[str, str], None], catch_up_s: float) -> None:
+        """Record the finished study's flow run Completed once the API answers again."""
+        import time
+
+        from pipetune.net import api_unreachable
+
+        deadline = time.monotonic() + catch_up_s
+        assert self.started.flow_run_id is not None and self.started.summary is not None
+        while True:
+            try:
+                settle(self.started.flow_run_id, "the study finished (recorded after the "
+                       "Prefect API answered again)")
+                self.result = {**self.started.summary, "flow_run_id": self.started.flow_run_id}
+                return
+            except Exception as e:
+                if not api_unreachable(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
+
+
+def flow_beside(started: StartedStudy, wait_api: Callable[[], Any], *, own_server: bool,
+                around: Callable[[], contextlib.AbstractContextManager] | None = None,
+                **flow_kwargs: Any) -> FlowBeside:
     """Start the study flow's run for ``started`` in a thread (see :class:`FlowBeside`);
-    ``own_server``: the API is a server started for this one command."""
-    thread = FlowBeside(started, wait_api, flow_kwargs, own_server)
+    ``own_server``: the API is a server started for this one command; ``around()``: a
+    context the flow is called in (the command's console, once Prefect is loaded)."""
+    thread = FlowBeside(started, wait_api, flow_kwargs, own_server, around)
     thread.start()
     return thread

@@ -22,7 +22,7 @@ from prefect.runtime import deployment, flow_run
 from flows.first import StartedStudy, attached_study, decisions_as_task_runs
 from flows.params import CoreBudget, JobArgument, TrialsOverride
 from pipetune.confine import confine_parameters, enforced
-from pipetune.session import StudyOptions, open_study
+from pipetune.session import NOTICE, StudyOptions, open_study
 from pipetune.spec import JobSpec, load_spec
 from pipetune.tracking import StudyTracker
 from tasks import PrefectEpochBackend
@@ -107,13 +107,16 @@ def _witness(started: StartedStudy, logger: Any) -> dict[str, Any]:
     def say_lines() -> None:
         while True:
             try:
-                level, line = started.lines.get_nowait()
+                level, line, notice = started.lines.get_nowait()
             except queue.Empty:
                 return
-            logger.log(level, "%s", line)
+            logger.log(level, "%s", line, extra=NOTICE if notice else None)
 
-    opened.runs_known(run_id)  # waits for the MLflow run, opened beside the study
-    _link_mlflow_run(opened.tracker, opened.tracking_uri, opened.study_id)
+    try:  # waits for the MLflow run, opened beside the study
+        opened.runs_known(run_id)
+        _link_mlflow_run(opened.tracker, opened.tracking_uri, opened.study_id)
+    except Exception as e:  # noqa: BLE001 - the study says it (it stops on a refused run)
+        logger.info("no link to the MLflow run: %s", e)
     while not started.done.wait(0.25):
         say_lines()
     say_lines()
@@ -121,9 +124,11 @@ def _witness(started: StartedStudy, logger: Any) -> dict[str, Any]:
         started.task_runs.close()
     except Exception as e:  # noqa: BLE001 - the study finished; MLflow has all of it
         logger.warning("the task-run record is incomplete: %s", e)
-    if started.error is not None:
-        raise RuntimeError(f"the study ended with {type(started.error).__name__}: "
-                           f"{started.error}") from None
+    if started.error is not None:  # the command says it; the run ends Failed, quietly
+        from prefect.states import Failed
+
+        return Failed(message=f"the study ended with {type(started.error).__name__}: "
+                              f"{started.error}")
     assert started.summary is not None
     return {**started.summary, "flow_run_id": run_id}
 

@@ -169,15 +169,33 @@ class LocalPrefectServer:
         raise PipetuneError(f"64 local Prefect servers already use {home}")
 
     def wait_healthy(self) -> LocalPrefectServer:
+        """Wait until the server answers. One that dies while it boots (killed, out of
+        memory) is started again while ``restarts`` last, as one that dies in use is
+        (``on_lost``, then ``on_restarted`` once it serves)."""
         proc = self.process
         assert proc is not None, "launch() first"
         deadline = time.monotonic() + self.startup_timeout
+        lost: list[int] = []
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise PipetuneError(
-                    f"the local Prefect server exited with code {proc.returncode}"
-                    + (f"; see {self.log_path}" if self.log_path else "")
-                )
+                code = proc.returncode
+                with self._lock:
+                    again = (not self._stopped and self.process is proc
+                             and self.restarts_left > 0)
+                    if again:
+                        self.restarts_left -= 1
+                        self.launch()
+                        proc = self.process
+                if not again:
+                    raise PipetuneError(
+                        f"the local Prefect server exited with code {code}"
+                        + (f"; see {self.log_path}" if self.log_path else "")
+                    )
+                lost.append(code)
+                self.lost_code = code
+                if self.on_lost is not None:
+                    self.on_lost(code)
+                continue
             if healthy(self.api_url):
                 with self._lock:  # not if stop() came meanwhile
                     if self._stopped or self.process is not proc:
@@ -187,6 +205,11 @@ class LocalPrefectServer:
                     threading.Thread(target=self._watch_for_loss, args=(proc,),
                                      name="pipetune-prefect-watch", daemon=True).start()
                     self._serving.set()
+                for code in lost:
+                    self.restarted.append(code)
+                    self.lost_code = None
+                    if self.on_restarted is not None:
+                        self.on_restarted(code)
                 return self
             time.sleep(0.1)
         self.stop()

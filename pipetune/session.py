@@ -218,13 +218,40 @@ def open_study(spec: JobSpec, options: StudyOptions, *, policy: Any = None,
         [t.trial_id for t in study.trials.values() if t.state == TrialState.RUNNING])
     ids = {} if options.start_first else {"parent_run_id": tracker.parent_run_id}
     journal.update(status="running", reason=None, flow_run_id=options.runner_id, **ids)
+    refused: list[BaseException] = []
+    if options.start_first:  # the run's id in the journal once MLflow has opened it
+        _note_run_id_when_open(journal, tracker, refused)
     log.info("study %s: %s, %d trials (%d at a time), pipetune %s; MLflow parent run %s",
              study_id, spec.workload.name, spec.search.trials, spec.search.max_concurrent,
              "on" if spec.pipetune.enabled else "off",
              ids.get("parent_run_id", "opened beside it"))
     return OpenedStudy(study=study, journal=journal, tracker=tracker, checkpoints=checkpoints,
                        client=client, tracking_uri=tracking_uri, dropped=tuple(dropped),
-                       log=log)
+                       log=log, refused=refused)
+
+
+def _note_run_id_when_open(journal: StudyJournal, tracker: StudyTracker,
+                           refused: list[BaseException]) -> None:
+    """In a daemon thread: wait for the study's MLflow run (opened beside the training)
+    and write its id in the journal, so a study killed mid-way resumes in that run. A
+    store that never answered it (:class:`~pipetune.tracking.TrackingUnreachable`) is
+    put in ``refused``: the study stops at its next step, with that error."""
+    import threading
+
+    from pipetune.sidecar import SidecarError
+
+    def note() -> None:
+        try:
+            parent_run_id = tracker.parent_run_id
+        except SidecarError:  # the study ended first and closed its sink: nothing to say
+            return
+        except Exception as e:  # noqa: BLE001 - raised in the study's loop
+            refused.append(e)
+            return
+        with contextlib.suppress(Exception):  # the end writes it too, where it can
+            journal.update(parent_run_id=parent_run_id)
+
+    threading.Thread(target=note, name="pipetune-note-run-id", daemon=True).start()
 
 
 @dataclass
@@ -240,6 +267,9 @@ class OpenedStudy:
     tracking_uri: str
     dropped: tuple[SpaceDrop, ...]
     log: logging.Logger | logging.LoggerAdapter
+    #: What refused the study's MLflow run when it was opened beside the training
+    #: (:attr:`StudyOptions.start_first`): the study stops with it.
+    refused: list[BaseException] = field(default_factory=list)
 
     @property
     def study_id(self) -> str:
@@ -354,6 +384,8 @@ class OpenedStudy:
         from pipetune.events import EpochFinished, TrialEnded
 
         study = self.study
+        if self.refused:  # the tracking store never opened the study's run
+            raise self.refused[0]
         if isinstance(event, EpochFinished):
             self.tracker.log_epoch(event.trial, event.result)
         elif isinstance(event, TrialEnded):

@@ -236,12 +236,14 @@ def _train_first(args: argparse.Namespace, startup: _BackgroundStartup, server) 
     answered, or stopped): one ``warning:`` line says what Prefect lacks, after the
     training."""
     from flows.first import StartedStudy, flow_beside
-    from pipetune.cli._console import FlowConsole
+    from pipetune.cli._console import FlowConsole, quiet_flow_tracebacks
     from pipetune.events import EpochSent, StudyFinished
     from pipetune.session import StudyOptions, observing, open_study
+    from pipetune.tracking import wait_for_tracking_server
 
     spec = startup.spec
     marks = startup.marks
+    wait_for_tracking_server(startup.tracking_uri)  # a server that is not there: no training
     startup.start_cluster()
     console = FlowConsole()
     log, lines = _study_log(console)
@@ -265,7 +267,7 @@ def _train_first(args: argparse.Namespace, startup: _BackgroundStartup, server) 
             server.launch_once()
 
     witness = flow_beside(
-        started, wait_api, own_server=server is not None,
+        started, wait_api, own_server=server is not None, around=quiet_flow_tracebacks,
         job=spec, tracking_uri=startup.tracking_uri, checkpoint_root=args.checkpoints,
         keep_checkpoints=args.keep_checkpoints, core_budget=startup.core_budget,
         dask_address=args.dask_address, resume=args.resume)

@@ -139,7 +139,11 @@ class _Runner:
                 reply(value, error)
             except Exception as e:  # noqa: BLE001 - the caller must hear something
                 logger.warning("%s: reply failed: %s", key, e)
-                reply(None, SidecarError(f"{key}: the reply failed: {type(e).__name__}: {e}"))
+                try:
+                    reply(None, SidecarError(f"{key}: the reply failed: "
+                                             f"{type(e).__name__}: {e}"))
+                except OSError:  # nobody to hear it (the caller died): write on
+                    pass
 
 
 class _Reply:

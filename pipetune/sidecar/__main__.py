@@ -6,6 +6,7 @@ it sends back (``pipetune.sidecar.SidecarError``, a sink's own) unpickle in the 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -94,7 +95,8 @@ def main(preload: list[str]) -> NoReturn:
     # Everything sent is written: leave without the interpreter's teardown of mlflow,
     # prefect and pandas (1-2 s the parent's exit waited for).
     logging.shutdown()
-    out.flush()
+    with contextlib.suppress(OSError):  # a dead parent's end of the pipe
+        out.flush()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

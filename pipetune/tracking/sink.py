@@ -130,6 +130,8 @@ class MlflowSink:
         self._unavailable: Exception | None = None
         #: The first waiting write the store refused (dropped), raised by ``idle``.
         self._refused: Exception | None = None
+        #: Why the study's run could not be opened: no write of the study can land.
+        self._open_error: Exception | None = None
 
     @property
     def client(self) -> Any:
@@ -145,7 +147,7 @@ class MlflowSink:
         """The id of ``name`` in the store, both created if need be. A store that does
         not answer (a tracking server down or restarting, a SQLite file locked) is
         tried every 2 s for up to ``$PIPETUNE_MLFLOW_START_WAIT_S`` (default 30 s),
-        then :class:`TrackingUnreachable`: a study opens its run before it trains."""
+        then :class:`TrackingUnreachable`: a study cannot go on without its run."""
         uri = self._uri()
         raw = os.environ.get(START_WAIT_ENV) or "30"
         try:
@@ -164,9 +166,9 @@ class MlflowSink:
                 if time.monotonic() >= deadline:
                     raise TrackingUnreachable(
                         f"the MLflow tracking store at {uri} does not answer after "
-                        f"{wait_s:.0f} s ({_short(e)}): a study opens its MLflow run before "
-                        "it trains. Start the tracking server (or check its address), or "
-                        "give another --tracking-uri") from None
+                        f"{wait_s:.0f} s ({_short(e)}): the study cannot open its MLflow "
+                        "run. Start the tracking server (or check its address), or give "
+                        "another --tracking-uri") from None
                 time.sleep(2)
 
     def open_study(self, experiment: str, run_name: str, tags: dict[str, str],
@@ -179,7 +181,11 @@ class MlflowSink:
         ``(experiment_id, parent_run_id)``."""
         from mlflow.entities import Param
 
-        self.experiment_id = ensure_experiment(self._uri(), experiment)
+        try:
+            self.experiment_id = self.experiment(experiment)
+        except Exception as e:
+            self._open_error = e  # every later write of this study fails with it
+            raise
         parent = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags,
                                         start_time=start_time)
         self.parent_run_id = parent.info.run_id
@@ -483,6 +489,8 @@ class MlflowSink:
         """``op`` written now; with a spool, behind what waits there, or into it when the
         store does not answer (``force``: try to send what waits now, not at the next
         :data:`RETRY_S`)."""
+        if self._open_error is not None:
+            raise self._open_error
         if self._spool is None:
             self._apply(op, args, unsure=False)
             return
