@@ -22,7 +22,7 @@ from prefect.runtime import deployment, flow_run
 from flows.first import StartedStudy, attached_study, decisions_as_task_runs
 from flows.params import CoreBudget, JobArgument, TrialsOverride
 from pipetune.confine import confine_parameters, enforced
-from pipetune.session import NOTICE, StudyOptions, open_study
+from pipetune.session import SAID, StudyOptions, open_study
 from pipetune.spec import JobSpec, load_spec
 from pipetune.tracking import StudyTracker
 from tasks import PrefectEpochBackend
@@ -110,7 +110,7 @@ def _witness(started: StartedStudy, logger: Any) -> dict[str, Any]:
                 level, line, notice = started.lines.get_nowait()
             except queue.Empty:
                 return
-            logger.log(level, "%s", line, extra=NOTICE if notice else None)
+            logger.log(level, "%s", line, extra=SAID if notice else None)
 
     try:  # waits for the MLflow run, opened beside the study
         opened.runs_known(run_id)

@@ -44,6 +44,10 @@ if TYPE_CHECKING:
 #: at the terminal: the command line prints it as its own ``warning:`` line.
 NOTICE_ATTR = "pipetune_notice"
 NOTICE = {NOTICE_ATTR: "warning"}
+#: The attribute of a log record repeating a line the terminal has shown already (the
+#: study's notice, said again in its flow run's log): kept off the terminal.
+SAID_ATTR = "pipetune_said"
+SAID = {SAID_ATTR: True}
 
 #: Observers that every study run in this context hears (:func:`observing`).
 _OBSERVING: contextvars.ContextVar[tuple[Observer, ...]] = contextvars.ContextVar(

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 from pipetune.errors import PipetuneError
 from pipetune.net import api_unreachable
-from pipetune.session import NOTICE_ATTR  # a notice line's log-record attribute
+from pipetune.session import NOTICE_ATTR, SAID_ATTR  # log-record attributes
 
 #: The loggers a flow run's records start from; their handlers up to the root are the
 #: console's candidates.
@@ -44,7 +44,7 @@ class _QuietFlowConsole(logging.Filter):
         self._console = console
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if getattr(record, NOTICE_ATTR, None):
+        if getattr(record, NOTICE_ATTR, None) or getattr(record, SAID_ATTR, None):
             return False
         if not record.name.startswith(_RUN_LOGGERS):
             return True

@@ -239,18 +239,28 @@ def _train_first(args: argparse.Namespace, startup: _BackgroundStartup, server) 
     from pipetune.cli._console import FlowConsole, quiet_flow_tracebacks
     from pipetune.events import EpochSent, StudyFinished
     from pipetune.session import StudyOptions, observing, open_study
-    from pipetune.tracking import wait_for_tracking_server
-
     spec = startup.spec
     marks = startup.marks
-    wait_for_tracking_server(startup.tracking_uri)  # a server that is not there: no training
+    # A local store (SQLite: 4-8 s to create) opens the study's MLflow run beside the
+    # training. A tracking server opens it before (its run must exist for the spool to
+    # keep a server lost mid-study; one not there stops the command before it trains),
+    # its MLflow import in the recorder overlapping the cluster's start.
+    remote = startup.tracking_uri.lower().startswith(("http://", "https://"))
+    opening = None
+    if remote:
+        from pipetune.tracking import ensure_experiment_in_recorder
+
+        opening = _InBackground(ensure_experiment_in_recorder, startup.tracking_uri)
     startup.start_cluster()
+    if opening is not None:
+        opening.result()
+        marks.mark("MLflow store ready")
     console = FlowConsole()
     log, lines = _study_log(console)
     opened = open_study(spec, StudyOptions(
         tracking_uri=startup.tracking_uri, checkpoint_root=args.checkpoints,
         core_budget=startup.core_budget, dask_address=args.dask_address, resume=args.resume,
-        keep_checkpoints=args.keep_checkpoints, start_first=True), log=log)
+        keep_checkpoints=args.keep_checkpoints, start_first=not remote), log=log)
     marks.mark("study opened")
     started = StartedStudy(opened, lines=lines.lines)
 
@@ -363,6 +373,29 @@ def _quiet_dask_teardown(unraisable) -> None:
     if sys.is_finalizing() and where.startswith("distributed."):
         return
     sys.__unraisablehook__(unraisable)
+
+
+class _InBackground(threading.Thread):
+    """``fn(*args)`` in a daemon thread, now; :meth:`result` joins and re-raises."""
+
+    def __init__(self, fn, *args) -> None:
+        super().__init__(name=f"pipetune-{getattr(fn, '__name__', 'startup')}", daemon=True)
+        self._fn, self._args = fn, args
+        self._error: BaseException | None = None
+        self._value = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self._value = self._fn(*self._args)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by result()
+            self._error = exc
+
+    def result(self):
+        self.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 class _LiveDisplay:

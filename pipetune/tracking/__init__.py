@@ -97,46 +97,6 @@ def ensure_experiment_in_recorder(tracking_uri: str, name: str = DEFAULT_EXPERIM
         channel.close()
 
 
-def wait_for_tracking_server(tracking_uri: str) -> None:
-    """For a tracking *server* (``http(s)://``): wait until it answers its ``/health``,
-    trying every 2 s for up to ``$PIPETUNE_MLFLOW_START_WAIT_S`` (default 30 s), then
-    :class:`TrackingUnreachable`. A study that trains first opens its MLflow run beside
-    the training (:attr:`pipetune.session.StudyOptions.start_first`): this is how it
-    still never trains for a store that is not there. Cheap, and no MLflow import: one
-    HTTP request when the server is up. Other stores (a SQLite file) pass."""
-    import os
-    import urllib.error
-    import urllib.request
-
-    from pipetune.tracking.spool import START_WAIT_ENV, TrackingUnreachable
-
-    if not tracking_uri.lower().startswith(("http://", "https://")):
-        return
-    raw = os.environ.get(START_WAIT_ENV) or "30"
-    try:
-        wait_s = max(0.0, float(raw))
-    except ValueError:
-        raise TrackingUnreachable(f"{START_WAIT_ENV} must be a number of seconds, got "
-                                  f"{raw!r}", exit_code=2) from None
-    deadline = time.monotonic() + wait_s
-    url = tracking_uri.rstrip("/") + "/health"
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=5):
-                return
-        except urllib.error.HTTPError:  # it answered (a proxy's login, an old server)
-            return
-        except (urllib.error.URLError, OSError) as e:
-            if time.monotonic() >= deadline:
-                reason = getattr(e, "reason", e)
-                raise TrackingUnreachable(
-                    f"the MLflow tracking store at {tracking_uri} does not answer after "
-                    f"{wait_s:.0f} s ({type(reason).__name__}: {reason}): the study cannot "
-                    "open its MLflow run. Start the tracking server (or check its "
-                    "address), or give another --tracking-uri") from None
-            time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
-
-
 @contextlib.contextmanager
 def _store_lock(tracking_uri: str) -> Iterator[None]:
     if not tracking_uri.startswith("sqlite:///"):

@@ -141,6 +141,7 @@ class StudyTracker:
         if spool is None and self.tags.get("pipetune.study_id"):
             spool = spool_path(self.tags["pipetune.study_id"])
         spool = None if spool is None else str(spool)
+        self._spool = spool
         # The sink opens the study's run as it writes the rest: in the recorder process
         # unless a client is given, so this process never loads MLflow.
         if client is not None:
@@ -201,7 +202,7 @@ class StudyTracker:
         late = shared_host().attach(
             "pipetune.tracking.sink:MlflowSink", "mlflow-tags",
             tracking_uri=self.tracking_uri, tags=self.tags, experiment_id=experiment_id,
-            parent_run_id=parent_run_id, children=dict(self._children))
+            parent_run_id=parent_run_id, children=dict(self._children), spool=self._spool)
         try:
             late.send("add_tags", dict(tags))
         finally:
