@@ -196,8 +196,11 @@ def open_study(spec: JobSpec, options: StudyOptions, *, policy: Any = None,
     tags = {**options.tags, "pipetune.study_id": study_id}
     if space_dropped:
         tags["pipetune.space_dropped"] = json.dumps(space_dropped, sort_keys=True)
+    from pipetune.tracking.tracker import FIND_STUDY_RUN
+
     tracker = StudyTracker(tracking_uri, spec, tags=tags,
-                           resume_run_id=resumed.get("parent_run_id"),
+                           resume_run_id=resumed.get("parent_run_id")
+                           or (FIND_STUDY_RUN if options.resume else None),
                            defer_open=options.start_first)
     # ``mlflow``: checkpoints are artifacts of the study's run (through the tracking
     # server's artifact proxy on a team stack), so every host reaches them by URL.

@@ -194,6 +194,18 @@ class MlflowSink:
             self.client.log_dict(self.parent_run_id, content, name)
         return self.experiment_id, self.parent_run_id
 
+    def find_study_run(self, experiment: str = DEFAULT_EXPERIMENT) -> str | None:
+        """The run of the study this sink's tags name (``pipetune.study_id``), if the
+        store has one: a study killed before its journal heard its run's id."""
+        study_id = self.tags.get("pipetune.study_id")
+        if not study_id:
+            return None
+        experiment_id = self.experiment(experiment)
+        runs = self.client.search_runs(
+            [experiment_id], f"tags.`pipetune.study_id` = '{study_id}' and "
+            "tags.`pipetune.kind` = 'study'", max_results=1)
+        return runs[0].info.run_id if runs else None
+
     def study_ids(self) -> tuple[str | None, str | None]:
         """``(experiment_id, parent_run_id)`` of the study's run, once opened."""
         return self.experiment_id, self.parent_run_id

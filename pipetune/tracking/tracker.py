@@ -75,6 +75,11 @@ def phase_runs(trial: Trial) -> str:
     return ", ".join(p if n == 1 else f"{p} x{n}" for p, n in runs)
 
 
+#: ``resume_run_id`` of a resumed study whose journal never heard its run's id (killed
+#: before the run, opened beside the training, answered): the store is searched for it.
+FIND_STUDY_RUN = "find"
+
+
 class StudyTracker:
     """Writes a study to MLflow as it runs.
 
@@ -154,6 +159,8 @@ class StudyTracker:
                 "pipetune.tracking.sink:MlflowSink", "mlflow", tracking_uri=tracking_uri,
                 tags=self.tags, spool=spool)
         try:
+            if resume_run_id == FIND_STUDY_RUN:  # a resumed study whose journal lacks it
+                resume_run_id = self._sink.call("find_study_run", experiment)
             if resume_run_id is not None:
                 self._resume(resume_run_id, experiment)
             else:
