@@ -541,6 +541,9 @@ class Study:
             sure_epochs=self.scheduler.sure_epochs(trial.epochs_run),
             expected_epochs=self.scheduler.expected_epochs(trial.epochs_run),
             known_one_time=self._worker_one_time(trial),
+            probed_elsewhere=any(
+                task.trial_id != trial_id and task.phase is Phase.PROBE
+                and task.system.one_time_knobs() for task in self._in_flight.values()),
             alone_cores=self._idle_cores_for(trial),
         )
 

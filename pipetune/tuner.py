@@ -243,6 +243,7 @@ class SystemTuner:
         alone_cores: int | None = None,
         expected_epochs: float | None = None,
         known_one_time: float | None = None,
+        probed_elsewhere: bool = False,
     ) -> TuningDecision:
         """The decision for epoch ``len(history) + 1``.
 
@@ -266,11 +267,14 @@ class SystemTuner:
         worker that runs the trial's next epoch, where that worker paid them for this
         model graph before (about nothing: a compile it reuses), in the objective's
         units for the whole epoch; ``None``: not known, the recorded or unknown figure
-        stands.
+        stands. ``probed_elsewhere``: another trial of the study is probing an unknown
+        one-time knob right now; this one waits for what it will measure rather than pay
+        the same unknown price beside it.
         """
         decision = self._next_epoch(history, epochs_left=epochs_left, match=match,
                                     sure_epochs=sure_epochs, expected_epochs=expected_epochs,
-                                    known_one_time=known_one_time)
+                                    known_one_time=known_one_time,
+                                    probed_elsewhere=probed_elsewhere)
         if (alone_cores is None or decision.phase is not Phase.TRAIN or not self.enabled
                 or alone_cores <= decision.system.cores or epochs_left <= 0):
             return decision
@@ -318,6 +322,7 @@ class SystemTuner:
         sure_epochs: int | None = None,
         expected_epochs: float | None = None,
         known_one_time: float | None = None,
+        probed_elsewhere: bool = False,
     ) -> TuningDecision:
         history = _checked_history(history)
         if not isinstance(epochs_left, int) or epochs_left < 0:
@@ -370,8 +375,8 @@ class SystemTuner:
         cheap = self._cheap_one_time(history, known_one_time)
         if epochs_left > 0:
             fits = [c for c in untried
-                    if not c.one_time_knobs() or horizon >= MIN_ONE_TIME_HORIZON
-                    or (cheap and horizon >= 2)]
+                    if not c.one_time_knobs() or (cheap and horizon >= 2)
+                    or (horizon >= MIN_ONE_TIME_HORIZON and not probed_elsewhere)]
             if trained:  # only a one-time knob deferred for a short horizon is left
                 fits = [c for c in fits if c.one_time_knobs()]
             if fits:
@@ -386,9 +391,12 @@ class SystemTuner:
                 return TuningDecision(nxt, Phase.PROBE, None, None, reason, inputs=weighed)
         deferred = [c for c in untried if c.one_time_knobs()]
         kind = "expected" if expected_epochs is not None else "sure"
+        why_not = ("another trial is probing it now" if probed_elsewhere
+                   and horizon >= MIN_ONE_TIME_HORIZON else
+                   f"{_rounded(horizon)} {kind} epoch(s) < {MIN_ONE_TIME_HORIZON} to earn a "
+                   "one-time cost back")
         not_yet = (f"; {', '.join(describe_change(self.default, c) for c in deferred)} "
-                   f"not probed: {_rounded(horizon)} {kind} epoch(s) < "
-                   f"{MIN_ONE_TIME_HORIZON} to earn a one-time cost back") if deferred else ""
+                   f"not probed: {why_not}") if deferred else ""
 
         best = self.best_observed(history)
         if best is None:

@@ -561,3 +561,15 @@ def test_the_slots_busy_share_counts_epochs_held_until_the_tail(tmp_path):
     epochs = [r.finished - r.started for t in slow.trials.values() for r in t.results]
     epoch = sum(epochs) / len(epochs)
     assert slow.summary().slots_busy == pytest.approx(epoch / (epoch + 0.6), abs=0.08)
+
+
+def test_an_unknown_one_time_knob_is_not_probed_beside_a_trial_probing_it():
+    tuner = SystemTuner(DEFAULT, {"compile": [False, True]}, machine=MACHINE)
+    first = [obs(1, "profile", DEFAULT, 0.01)]
+    beside = tuner.next_epoch(first, epochs_left=5, match=None, sure_epochs=1,
+                              expected_epochs=4.0, probed_elsewhere=True)
+    assert beside.system == DEFAULT and "another trial is probing it now" in beside.reason
+    # A compile this worker paid already is cheap: no reason to wait for the other trial.
+    cheap = tuner.next_epoch(first, epochs_left=5, match=None, sure_epochs=1,
+                             expected_epochs=4.0, known_one_time=0.0, probed_elsewhere=True)
+    assert cheap.system == COMPILED
