@@ -247,9 +247,9 @@ _EXCEPTION_LINE = re.compile(
     r"(?::|$)")
 
 
-def failure_line(stderr: str, limit: int = 300) -> str:
+def failure_line(stderr: str, limit: int = 300, strategy: str = STRATEGY) -> str:
     """The line of a failed child's ``stderr`` that says what went wrong: the last one
-    naming an exception (how a traceback ends) or this module's own ``optuna-plain: ...``
+    naming an exception (how a traceback ends) or the strategy's own ``<strategy>: ...``
     refusal, else the last line; cut at ``limit`` characters.
 
     >>> failure_line("Traceback (most recent call last):\\n  ...\\nZeroDivisionError: x\\n")
@@ -257,7 +257,7 @@ def failure_line(stderr: str, limit: int = 300) -> str:
     """
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     pick = next((line for line in reversed(lines)
-                 if _EXCEPTION_LINE.match(line) or line.startswith(f"{STRATEGY}: ")),
+                 if _EXCEPTION_LINE.match(line) or line.startswith(f"{strategy}: ")),
                 lines[-1] if lines else "nothing on stderr")
     return pick if len(pick) <= limit else pick[: limit - 3].rstrip() + "..."
 

@@ -49,15 +49,17 @@ import contextlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
-import re  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Mapping, Sequence  # noqa: E402
 from dataclasses import asdict, dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import TYPE_CHECKING, Any  # noqa: E402
 
+from pipetune.bench_optuna import check_space as _optuna_check_space  # noqa: E402
+from pipetune.bench_optuna import failure_line as _optuna_failure_line  # noqa: E402
+from pipetune.bench_optuna import suggest, trial_seed  # noqa: E402
+
 if TYPE_CHECKING:
-    from pipetune.space import Distribution
     from pipetune.spec import JobSpec
 
 STRATEGY = "ray-tune"
@@ -193,40 +195,12 @@ def _import_tune() -> Any:
 # -- the pieces ------------------------------------------------------------------------
 
 
-def trial_seed(spec: JobSpec, number: int) -> int:
-    """The training seed of trial ``number``: the formula of :mod:`pipetune.study`."""
-    return spec.search.seed * 100_003 + number
-
-
 def check_space(spec: JobSpec) -> None:
-    """Raise :class:`ValueError` when the space holds ``system.<knob>`` entries, or a
-    hyperparameter named as the trial-number key."""
-    from pipetune.spec import SYSTEM_HPARAM_PREFIX
-
-    knobs = [n for n in spec.hyperparameters if n.startswith(SYSTEM_HPARAM_PREFIX)]
-    if knobs:
-        raise ValueError(
-            f"{STRATEGY} tunes hyperparameters only, never system knobs; job "
-            f"{spec.name!r} has {', '.join(knobs)} in its hyperparameter space "
-            "(remove them: every epoch runs under system.default)"
-        )
+    """Raise :class:`ValueError` as optuna-plain does (``system.<knob>`` entries), or
+    for a hyperparameter named as the trial-number key."""
+    _optuna_check_space(spec)
     if TRIAL_NUMBER in spec.hyperparameters:
         raise ValueError(f"{STRATEGY}: hyperparameter name {TRIAL_NUMBER!r} is reserved")
-
-
-def suggest(trial: Any, name: str, dist: Distribution) -> Any:
-    """``dist`` drawn with the matching ``trial.suggest_*``, as optuna-plain draws it."""
-    from pipetune.space import Choice, IntUniform, LogUniform, Uniform
-
-    if isinstance(dist, Choice):
-        return trial.suggest_categorical(name, list(dist.values))
-    if isinstance(dist, LogUniform):
-        return trial.suggest_float(name, float(dist.low), float(dist.high), log=True)
-    if isinstance(dist, Uniform):
-        return trial.suggest_float(name, float(dist.low), float(dist.high))
-    if isinstance(dist, IntUniform):
-        return trial.suggest_int(name, dist.low, dist.high, log=dist.log)
-    raise TypeError(f"hyperparameter {name!r}: no Optuna equivalent for {dist!r}")
 
 
 class SearchSpace:
@@ -513,25 +487,10 @@ def _result(spec: JobSpec, rows: list[RayTrialRow], *, tuning_wall_s: float,
     )
 
 
-#: A line that names an exception, as a traceback ends.
-_EXCEPTION_LINE = re.compile(
-    r"^(?:[A-Za-z_]\w*\.)*(?:\w*(?:Error|Exception|Interrupt|Exit|Failure)|Broken\w*)"
-    r"(?::|$)")
-
-
 def failure_line(stderr: str, limit: int = 300) -> str:
-    """The line of a failure's text that says what went wrong: the last one naming an
-    exception or this module's own ``ray-tune: ...`` line, else the last line; cut at
-    ``limit`` characters.
-
-    >>> failure_line("Traceback (most recent call last):\\n  ...\\nZeroDivisionError: x\\n")
-    'ZeroDivisionError: x'
-    """
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    pick = next((line for line in reversed(lines)
-                 if _EXCEPTION_LINE.match(line) or line.startswith(f"{STRATEGY}: ")),
-                lines[-1] if lines else "nothing on stderr")
-    return pick if len(pick) <= limit else pick[: limit - 3].rstrip() + "..."
+    """The line of a failure's text that says what went wrong (as optuna-plain's, for
+    this strategy's own ``ray-tune: ...`` lines)."""
+    return _optuna_failure_line(stderr, limit, STRATEGY)
 
 
 def run_subprocess(
