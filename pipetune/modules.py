@@ -132,6 +132,12 @@ def _install_dirs() -> list[str]:
     return [os.path.realpath(d) for d in dirs if d]
 
 
+def install_dirs() -> tuple[str, ...]:
+    """The folders of this interpreter's installation (the standard library,
+    site-packages): what is under them is not a user's or a checkout's own code."""
+    return tuple(_install_dirs())
+
+
 def _under(path: str, folders: Iterable[str]) -> bool:
     return any(path == f or path.startswith(f.rstrip(os.sep) + os.sep) for f in folders)
 

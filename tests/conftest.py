@@ -20,6 +20,9 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
 os.environ.pop("PREFECT_API_URL", None)
 os.environ.pop("MLFLOW_TRACKING_URI", None)
+# Each test's `pipetune tune` starts and stops its own server and cluster, as before the
+# warm service (pipetune.service); tests/test_warm_service.py covers the warm default.
+os.environ["PIPETUNE_KEEP_WARM_S"] = "0"
 # A developer's team-stack settings (`eval "$(pipetune stack env)"`) stay out of tests.
 for _name in ("PIPETUNE_GROUNDTRUTH", "PIPETUNE_CHECKPOINTS", "PIPETUNE_DASK_ADDRESS",
               "PIPETUNE_DASK_ALLOW_INSECURE", "PIPETUNE_DASK_TLS_CA_FILE",

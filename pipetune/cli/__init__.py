@@ -92,12 +92,13 @@ def _add_validate(subparsers: argparse._SubParsersAction) -> None:
 #: Registration functions, one per subcommand, in the order ``--help`` lists them.
 def _add_orchestration(subparsers: argparse._SubParsersAction) -> None:
     from pipetune.cli.groundtruth import add_groundtruth as _add_groundtruth
+    from pipetune.cli.service import add_service as _add_service
     from pipetune.cli.stack import add_stack as _add_stack
     from pipetune.cli.tracking import add_tracking as _add_tracking
     from pipetune.cli.tune import add_tune as _add_tune
     from pipetune.cli.ui import add_ui as _add_ui
 
-    for add in (_add_tune, _add_ui, _add_tracking, _add_groundtruth, _add_stack):
+    for add in (_add_tune, _add_ui, _add_tracking, _add_groundtruth, _add_stack, _add_service):
         add(subparsers)
 
 

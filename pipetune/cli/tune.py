@@ -111,11 +111,12 @@ def _run_tune(args: argparse.Namespace) -> int:
     # (a bad job stops it again: exit 2, nothing recorded); then the cluster and the
     # study, whose first epoch goes out before Prefect or MLflow answer. The Prefect
     # server's boot, the flow run and the MLflow run come up beside the training.
-    if not args.dask_address:
+    warm = _attach_service(args)
+    if not args.dask_address and warm is None:
         from pipetune.dask.cluster import launch_forkserver
 
         launch_forkserver()
-    startup = _BackgroundStartup(args, startup_marks)
+    startup = _BackgroundStartup(args, startup_marks, warm)
     server = None
     try:
         with prefect_api(pipetune_home() / "prefect-server.log", before_wait=startup.check_job,
@@ -128,10 +129,12 @@ def _run_tune(args: argparse.Namespace) -> int:
             startup_marks.mark("first epoch", summary["first_epoch_at"])
             startup_marks.mark("study done", summary["started_at"] + summary["tuning_wall_s"])
             _print_summary(summary, startup.spec.objective.metric,
-                           os.environ["PREFECT_API_URL"], server)
+                           os.environ["PREFECT_API_URL"], server, warm)
     finally:
         startup.close_cluster()
         startup.join_closing()
+        if warm is not None:
+            warm.release()
         if server is not None and (server.restarted or server.lost_code is not None):
             # Prefect's calls that failed while its server was down leave exceptions in
             # reference cycles that hold the study's Dask client and cluster: collected
@@ -145,13 +148,38 @@ def _run_tune(args: argparse.Namespace) -> int:
     return 0 if summary.get("trials_failed", 0) < summary.get("trials", 0) else 1
 
 
-class _BackgroundStartup:
-    """What ``tune`` does before its study: the job's check and the embedded cluster;
-    and, on the way out, the cluster's close beside the server's stop."""
+def _attach_service(args: argparse.Namespace):
+    """The warm local service (:mod:`pipetune.service`) this command uses, started if
+    none serves it; None where the user named a Prefect API or a Dask cluster, or keeps
+    nothing warm (``--keep-warm 0``)."""
+    from pipetune.service import attach, keep_warm_s
 
-    def __init__(self, args: argparse.Namespace, marks: _Startup) -> None:
+    seconds = keep_warm_s(args.keep_warm)
+    if args.dask_address or os.environ.get("PREFECT_API_URL") or seconds == 0:
+        return None
+    warm = attach(seconds)
+    os.environ["PREFECT_API_URL"] = warm.api_url
+    # Its server outlives this command: the task-run record ends once it has taken every
+    # event, not once it has stored them (tasks.task_runs.TaskRunSink).
+    os.environ["PIPETUNE_PREFECT_TRUST_TAKEN"] = "1"
+    if warm.started_here:
+        print(f"starting a local Prefect server and Dask cluster, kept warm for "
+              f"{seconds / 60:g} min after the last command (`pipetune service stop` ends "
+              f"them; {_KEEP_WARM_HINT}) ...", file=sys.stderr, flush=True)
+    return warm
+
+
+_KEEP_WARM_HINT = "--keep-warm 0 starts them per command"
+
+
+class _BackgroundStartup:
+    """What ``tune`` does before its study: the job's check and the embedded (or warm)
+    cluster; and, on the way out, the cluster's close beside the server's stop."""
+
+    def __init__(self, args: argparse.Namespace, marks: _Startup, warm=None) -> None:
         self.args = args
         self.marks = marks
+        self.warm = warm
         self.cluster_started = False
         self.closing: threading.Thread | None = None
         # the checked job, set by check_job
@@ -187,16 +215,47 @@ class _BackgroundStartup:
     def start_cluster(self) -> None:
         if self.args.dask_address:
             return
+        if self.warm is not None and self._use_warm_cluster():
+            return
         from pipetune.dask.cluster import shared_cluster
 
         self.cluster_started = True
         shared_cluster()
         self.marks.mark("cluster ready")
 
+    def _use_warm_cluster(self) -> bool:
+        """The warm service's workers, fresh for this job; False (the embedded cluster
+        instead) for a job asking for an OpenMP wait policy they were not started with."""
+        from pipetune.dask.cluster import client_for, process_knob_values, use_warm_cluster
+        from pipetune.dask.fresh import freshen_workers
+
+        record = self.warm.wait_cluster()
+        if process_knob_values(self.spec) - {str(record.get("omp_wait_policy", "")).lower()}:
+            from pipetune.dask.cluster import launch_forkserver
+
+            launch_forkserver()
+            return False
+        use_warm_cluster(record["dask_address"])
+        restarted = freshen_workers(client_for(None), _job_folders(self.spec))
+        self.marks.mark("cluster ready")
+        if restarted:
+            self.marks.mark("workers restarted")
+        self.warm_used = True
+        return True
+
+    warm_used = False
+
     def close_cluster(self) -> None:  # beside the server's stop, not after it
         if "flows.study" in sys.modules:  # what Prefect holds goes while its API is up
             with contextlib.suppress(Exception):
                 sys.modules["flows.study"].drain_prefect(timeout=1)
+        if self.warm_used and self.closing is None:
+            from pipetune.dask.cluster import close_warm_client
+
+            self.closing = threading.Thread(target=close_warm_client,
+                                            name="pipetune-note-workers")
+            self.closing.start()
+            return
         if not self.cluster_started or self.closing is not None:  # no cluster started here
             return
         from pipetune.dask.cluster import close_shared_cluster
@@ -208,6 +267,20 @@ class _BackgroundStartup:
     def join_closing(self) -> None:
         if self.closing is not None:
             self.closing.join()
+
+
+def _job_folders(spec) -> list[str]:
+    """Where the job's own code comes from: the folders put on the path for it and its
+    workload module's (nothing for a built-in workload)."""
+    from pipetune.modules import added_folders, module_origin, workload_module
+
+    folders = list(added_folders())
+    module = workload_module(spec.workload.name)
+    if module is not None:
+        origin = module_origin(module)
+        if origin.root and not origin.installed:
+            folders.append(origin.root)
+    return folders
 
 
 def _study_log(console):
@@ -268,6 +341,9 @@ def _train_first(args: argparse.Namespace, startup: _BackgroundStartup, server) 
         if server is not None:
             server.launch_once().wait_healthy()
             marks.mark("Prefect server ready")
+        elif startup.warm is not None:
+            startup.warm.wait_prefect()
+            marks.mark("Prefect server ready")
 
     def launch_records(event) -> None:
         # The first epoch is out: the Prefect server boots now, beside the training,
@@ -277,7 +353,8 @@ def _train_first(args: argparse.Namespace, startup: _BackgroundStartup, server) 
             server.launch_once()
 
     witness = flow_beside(
-        started, wait_api, own_server=server is not None, around=quiet_flow_tracebacks,
+        started, wait_api, own_server=server is not None or startup.warm is not None,
+        around=quiet_flow_tracebacks,
         job=spec, tracking_uri=startup.tracking_uri, checkpoint_root=args.checkpoints,
         keep_checkpoints=args.keep_checkpoints, core_budget=startup.core_budget,
         dask_address=args.dask_address, resume=args.resume)
@@ -474,7 +551,7 @@ class _LiveDisplay:
         self._pending = None
 
 
-def _print_summary(summary: dict, metric: str, api_url: str, server) -> None:
+def _print_summary(summary: dict, metric: str, api_url: str, server, warm=None) -> None:
     import shlex
 
     from rich.console import Console
@@ -517,7 +594,9 @@ def _print_summary(summary: dict, metric: str, api_url: str, server) -> None:
                           else f" --tracking-uri {shlex.quote(uri)}")
     print(f"  open {link}" + ("" if served else f" (start the UI first: {ui})"))
     if server is None:
-        print(f"Prefect: flow runs at {api_url.removesuffix('/api')}")
+        print(f"Prefect: flow runs at {api_url.removesuffix('/api')}" + (
+            "" if warm is None else f" (served {warm.idle_s / 60:g} min after the last "
+            "command; `pipetune service stop` ends it)"))
 
 
 def _error_cell(row: dict) -> str:
@@ -558,6 +637,11 @@ def add_tune(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="STUDY_ID",
                    help="finish a stopped or crashed study of this job: the newest unfinished "
                    "one, or the one with this study id or Prefect flow run id")
+    p.add_argument("--keep-warm", type=float, default=None, metavar="SECONDS",
+                   help="with no PREFECT_API_URL and no Dask address: keep the local Prefect "
+                   "server and Dask cluster running this long after the last command, for "
+                   "the next one (default: $PIPETUNE_KEEP_WARM_S, else 600; 0: start and "
+                   "stop them with this command)")
     p.set_defaults(run=run_tune)
 
 

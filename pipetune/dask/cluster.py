@@ -21,6 +21,20 @@ from pipetune.system.config import MachineInfo, process_resource
 _lock = threading.Lock()
 _cluster = None
 _clients: dict[str, object] = {}
+#: The warm service's scheduler (pipetune.service), standing in for this process's own
+#: embedded cluster: its workers are this machine's, sized and set up as those would be.
+_warm_address: str | None = None
+
+
+def use_warm_cluster(address: str | None) -> None:
+    """Let :func:`client_for` reach the warm service's cluster at ``address`` instead of
+    starting an embedded one (None: back to the embedded cluster)."""
+    global _warm_address
+    _warm_address = address
+
+
+def warm_cluster_address() -> str | None:
+    return _warm_address
 
 #: Environment the embedded workers inherit from the driver, when set.
 WORKER_ENV = ("PREFECT_API_URL", "PREFECT_HOME", "PIPETUNE_HOME", "MLFLOW_DISABLE_TELEMETRY",
@@ -175,14 +189,14 @@ def ensure_worker_groups(policies: set[str]) -> None:
 
     import dask
 
-    cluster = shared_cluster()
-    client = client_for(None)
-    workers = client.scheduler_info(n_workers=-1)["workers"].values()
-    present = {name.split(":", 1)[1] for w in workers for name in w.get("resources", {})
-               if name.startswith("omp_wait_policy:")}
-    missing = sorted(policies - present)
+    missing = missing_worker_groups(policies)
     if not missing:
         return
+    if _warm_address is not None:
+        raise PipetuneError(f"the warm service's workers have no OpenMP wait policy "
+                            f"{', '.join(missing)}: run with PIPETUNE_KEEP_WARM_S=0")
+    cluster = shared_cluster()
+    client = client_for(None)
     per_group = embedded_cluster_kwargs()["n_workers"]
     base = cluster.new_spec
     total = len(cluster.worker_spec)
@@ -202,6 +216,32 @@ def ensure_worker_groups(policies: set[str]) -> None:
                 client.wait_for_workers(total, timeout=120)
     finally:
         cluster.new_spec = base
+
+
+def missing_worker_groups(policies: set[str]) -> list[str]:
+    """The OpenMP wait policies in ``policies`` no worker of the embedded (or warm)
+    cluster was started with."""
+    client = client_for(None)
+    workers = client.scheduler_info(n_workers=-1)["workers"].values()
+    present = {name.split(":", 1)[1] for w in workers for name in w.get("resources", {})
+               if name.startswith("omp_wait_policy:")}
+    return sorted(policies - present)
+
+
+def close_warm_client() -> None:
+    """At a study's end on the warm service's cluster: its workers note the code they
+    hold (:mod:`pipetune.dask.fresh`), and this process lets go of the cluster."""
+    from pipetune.dask.fresh import note_workers_code
+
+    address = _warm_address
+    if address is None:
+        return
+    with _lock:
+        client = _clients.pop(address, None)
+    if client is not None:
+        note_workers_code(client)
+        with contextlib.suppress(Exception):
+            client.close()
 
 
 def close_shared_cluster() -> None:
@@ -249,7 +289,7 @@ def client_for(address: str | None = None):
     """A client on ``address``, or on the shared embedded cluster (started if needed);
     one client per address per process."""
     if address is None:
-        address = shared_cluster().scheduler_address
+        address = _warm_address or shared_cluster().scheduler_address
     with _lock:
         return _client_for(address)
 

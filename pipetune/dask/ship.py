@@ -58,9 +58,22 @@ class ImportFolders(WorkerPlugin):
         self.front, self.back = list(front), list(back)
 
     def setup(self, worker: Any = None) -> None:
-        sys.path[0:0] = [f for f in self.front if f not in sys.path]
-        sys.path.extend(f for f in self.back if f not in sys.path)
+        global _folders_added
+        # A long-lived worker (the warm service's) ran an earlier job's plugin: its
+        # folders go, so this job's modules are not found there first.
+        for folder in _folders_added - {*self.front, *self.back}:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(folder)
+        front = [f for f in self.front if f not in sys.path]
+        back = [f for f in self.back if f not in sys.path]
+        sys.path[0:0] = front
+        sys.path.extend(back)
+        _folders_added = (_folders_added & {*self.front, *self.back}) | {*front, *back}
         importlib.invalidate_caches()
+
+
+#: Folders :class:`ImportFolders` put on this worker's path.
+_folders_added: set[str] = set()
 
 
 def check_workload(workload: str) -> str | None:

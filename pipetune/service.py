@@ -1,0 +1,328 @@
+"""The local Prefect server and Dask cluster, kept warm between ``pipetune tune`` commands.
+
+Started by the first ``tune`` that needs them (no ``PREFECT_API_URL``, no Dask address),
+detached, they serve every later command of the same interpreter, working folder and
+settings, and stop on their own once no command has used them for the keep-warm time
+(``PIPETUNE_KEEP_WARM_S``, default 600 s; ``0`` starts them per command instead, as
+before). ``pipetune service status`` lists them, ``pipetune service stop`` stops them.
+
+A later command pays neither the server's boot (about 3 CPU-s here) nor the workers'
+start (torch imported once, in their fork server): its first epoch goes out as soon as
+it has checked its job. What a warm worker still holds from earlier commands is checked
+before each study (:mod:`pipetune.dask.fresh`): a worker that loaded a module changed
+since, or one from another job's folder, is started again first.
+
+Everything of one service lives in ``$PIPETUNE_HOME/service/<key>/``: ``service.json``
+(what runs where), ``leases/<pid>`` (one per command using it; a dead command's lease
+counts for nothing), ``service.log`` and the Prefect server's log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipetune.errors import PipetuneError, SpecError
+
+#: Seconds the service stays up after its last command ended; 0: no service.
+KEEP_WARM_ENV = "PIPETUNE_KEEP_WARM_S"
+DEFAULT_KEEP_WARM_S = 600.0
+RECORD = "service.json"
+#: What makes two commands' workers interchangeable: the same interpreter, working
+#: folder and these settings (the workers inherit them when the service starts).
+_KEY_ENV = ("PIPETUNE_HOME", "PREFECT_HOME", "PYTHONPATH", "MLFLOW_DISABLE_TELEMETRY",
+            "PREFECT_SERVER_ANALYTICS_ENABLED", "OMP_WAIT_POLICY", "OMP_NUM_THREADS",
+            "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "DASK_LOGGING__DISTRIBUTED",
+            "PREFECT_LOGGING_LEVEL")
+
+
+def keep_warm_s(value: float | None = None) -> float:
+    """The keep-warm time: ``value`` (``--keep-warm``) if given, else the environment's,
+    else :data:`DEFAULT_KEEP_WARM_S`. A bad value is refused by name."""
+    field, raw = ("--keep-warm", value) if value is not None else \
+        (KEEP_WARM_ENV, os.environ.get(KEEP_WARM_ENV, "").strip() or None)
+    if raw is None:
+        return DEFAULT_KEEP_WARM_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise SpecError(field, f"must be a number of seconds >= 0 (0: no warm service), "
+                               f"got {raw!r}")
+    return seconds
+
+
+def services_root() -> Path:
+    from pipetune.home import pipetune_home
+
+    return pipetune_home() / "service"
+
+
+def service_key(cwd: str | None = None) -> str:
+    parts = {"python": sys.executable, "cwd": os.path.realpath(cwd or os.getcwd()),
+             "env": {k: os.environ.get(k) for k in _KEY_ENV}}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def code_fingerprint() -> str:
+    """Newest change to pipetune's own source (an edited checkout must not be served by
+    workers that imported the old one): its files' modification times, hashed."""
+    root = Path(__file__).resolve().parent
+    stamps = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in files:
+            if name.endswith(".py"):
+                with contextlib.suppress(OSError):
+                    stamps.append(f"{name}:{os.stat(os.path.join(folder, name)).st_mtime_ns}")
+    return hashlib.sha256("\n".join(sorted(stamps)).encode()).hexdigest()[:16]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie (exited, not reaped) is not alive
+    with contextlib.suppress(OSError):
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+def read_record(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_record(folder: Path, record: dict) -> None:
+    tmp = folder / f".{RECORD}.{os.getpid()}"
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True))
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, folder / RECORD)
+
+
+@dataclass
+class WarmService:
+    """A command's hold on the warm service: its lease, and where things are."""
+
+    folder: Path
+    pid: int
+    api_url: str
+    started_here: bool
+    idle_s: float
+
+    @property
+    def lease(self) -> Path:
+        return self.folder / "leases" / str(os.getpid())
+
+    def record(self) -> dict:
+        return read_record(self.folder) or {}
+
+    def wait_cluster(self, timeout: float = 180.0) -> dict:
+        """The service's record once its Dask cluster serves (started here: waits)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            record = self.record()
+            if record.get("pid") == self.pid and record.get("dask_address"):
+                return record
+            if not _alive(self.pid) or time.monotonic() > deadline:
+                raise PipetuneError(
+                    "the local service (Prefect server and Dask cluster) did not start; "
+                    f"see {self.folder / 'service.log'}"
+                    f" (or run with {KEEP_WARM_ENV}=0 to start them per command)")
+            time.sleep(0.05)
+
+    def wait_prefect(self, timeout: float = 120.0) -> None:
+        """Until the service's Prefect server answers."""
+        from pipetune.prefect_server import healthy
+
+        deadline = time.monotonic() + timeout
+        while not healthy(self.api_url, timeout=2.0):
+            if not _alive(self.pid) or time.monotonic() > deadline:
+                raise PipetuneError(f"the local Prefect server at {self.api_url} does not "
+                                    f"answer; see {self.folder / 'prefect-server.log'}")
+            time.sleep(0.1)
+
+    def release(self) -> None:
+        with contextlib.suppress(OSError):
+            self.lease.unlink()
+
+
+def attach(idle_s: float) -> WarmService:
+    """The warm service for this command (started now if none serves it), leased."""
+    root = services_root()
+    folder = root / service_key()
+    (folder / "leases").mkdir(parents=True, exist_ok=True)
+    fingerprint = code_fingerprint()
+    with open(folder / "lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        record = read_record(folder)
+        started_here = False
+        if record and _alive(record["pid"]) and record.get("code") != fingerprint:
+            _stop_pid(record["pid"])  # serves pipetune as it was before an edit
+            record = None
+        if not record or not _alive(record["pid"]):
+            record = _launch(folder, idle_s, fingerprint)
+            started_here = True
+        service = WarmService(folder=folder, pid=record["pid"], api_url=record["api_url"],
+                              started_here=started_here, idle_s=float(record["idle_s"]))
+        service.lease.write_text(json.dumps({"since": time.time()}))
+    return service
+
+
+def _launch(folder: Path, idle_s: float, fingerprint: str) -> dict:
+    from pipetune.net import free_port
+
+    port = free_port("127.0.0.1")
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    log = open(folder / "service.log", "ab")  # noqa: SIM115 - the child has its own
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pipetune.service", "serve", str(folder), str(idle_s),
+             str(port)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True, cwd=os.getcwd())
+    finally:
+        log.close()
+    record = {"pid": proc.pid, "api_url": f"http://127.0.0.1:{port}/api", "idle_s": idle_s,
+              "code": fingerprint, "cwd": os.getcwd(), "python": sys.executable,
+              "started": time.time(), "dask_address": None}
+    _write_record(folder, record)
+    return record
+
+
+def _stop_pid(pid: int, grace: float = 20.0) -> bool:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        return False
+    return True
+
+
+def services() -> list[dict]:
+    """Every service recorded under this pipetune home, with ``alive`` and ``leases``."""
+    root = services_root()
+    found = []
+    for folder in sorted(root.iterdir()) if root.is_dir() else ():
+        record = read_record(folder)
+        if not record:
+            continue
+        leases = [p.name for p in (folder / "leases").glob("*") if p.name.isdigit()
+                  and _alive(int(p.name))]
+        found.append({**record, "folder": str(folder), "alive": _alive(record["pid"]),
+                      "leases": leases})
+    return found
+
+
+def stop_all() -> list[dict]:
+    """Stop every live service of this pipetune home; those stopped."""
+    stopped = []
+    for service in services():
+        if service["alive"]:
+            _stop_pid(service["pid"])
+            stopped.append(service)
+    return stopped
+
+
+# -- the service process ---------------------------------------------------------------
+
+
+def serve(folder: Path, idle_s: float, port: int) -> int:
+    """Run the Prefect server and the Dask cluster until idle for ``idle_s`` or stopped
+    (SIGTERM, SIGINT)."""
+    from pipetune.dask.cluster import WORKER_PROCESS_ENV, launch_forkserver, shared_cluster
+    from pipetune.prefect_server import LocalPrefectServer
+
+    stop = threading.Event()
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, lambda *_: stop.set())
+    server = LocalPrefectServer(port=port, log_path=folder / "prefect-server.log", restarts=3)
+    os.environ["PREFECT_API_URL"] = server.api_url  # the workers inherit it
+    launch_forkserver()
+    server.launch()
+    cluster = None
+    try:
+        cluster = shared_cluster()
+        record = read_record(folder) or {}
+        record.update(pid=os.getpid(), dask_address=cluster.scheduler_address,
+                      omp_wait_policy=os.environ.get("OMP_WAIT_POLICY",
+                                                     WORKER_PROCESS_ENV["OMP_WAIT_POLICY"]),
+                      cluster_ready=time.time())
+        _write_record(folder, record)
+        server.wait_healthy()
+        print(f"serving: Dask {cluster.scheduler_address}, Prefect {server.api_url}, "
+              f"idle stop after {idle_s:.0f} s", flush=True)
+        _wait_idle(folder, idle_s, stop)
+    finally:
+        print("stopping", flush=True)
+        # The last command ended trusting this server with events it had taken but maybe
+        # not stored yet (its recorder flushes every second): a few seconds for them.
+        time.sleep(max(0.0, _STORE_GRACE_S - (time.time() - _last_lease_end(folder))))
+        from pipetune.dask.cluster import close_shared_cluster
+
+        with contextlib.suppress(Exception):
+            close_shared_cluster()
+        server.stop()
+        record = read_record(folder)
+        if record and record.get("pid") == os.getpid():
+            with contextlib.suppress(OSError):
+                (folder / RECORD).unlink()
+    return 0
+
+
+#: Seconds the service keeps its Prefect server after a command's lease ended.
+_STORE_GRACE_S = 3.0
+
+
+def _last_lease_end(folder: Path) -> float:
+    """When a command last let go of this service (its lease file's removal, seen as
+    the leases folder's modification time); 0 if never."""
+    try:
+        return os.stat(folder / "leases").st_mtime
+    except OSError:
+        return 0.0
+
+
+def _wait_idle(folder: Path, idle_s: float, stop: threading.Event) -> None:
+    last_busy = time.monotonic()
+    while not stop.wait(1.0):
+        busy = False
+        for lease in (folder / "leases").glob("*"):
+            if lease.name.isdigit() and _alive(int(lease.name)):
+                busy = True
+            else:
+                with contextlib.suppress(OSError):
+                    lease.unlink()
+        if busy:
+            last_busy = time.monotonic()
+        elif time.monotonic() - last_busy >= idle_s:
+            print(f"idle for {idle_s:.0f} s", flush=True)
+            return
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "serve":
+        sys.exit(serve(Path(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])))
+    print("usage: python -m pipetune.service serve FOLDER IDLE_S PORT", file=sys.stderr)
+    sys.exit(2)

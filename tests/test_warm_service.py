@@ -1,0 +1,122 @@
+"""The warm local service (pipetune.service), as a user meets it: the first
+``pipetune tune`` starts a Prefect server and a Dask cluster that outlive it, the next
+commands use them (their flow runs all in that server), a workload edited between two
+commands runs as edited, and ``pipetune service stop`` ends them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from known import synthetic_job, tune_env
+
+pytestmark = pytest.mark.slow
+
+WORKLOAD = '''
+from pathlib import Path
+
+from pipetune.workloads.synthetic import SyntheticWorkload
+
+VERSION = {version}
+
+
+class Marked(SyntheticWorkload):
+    """The synthetic workload, noting which version of this file ran each epoch."""
+
+    def _before_epoch(self, system, steps):
+        with open(Path(__file__).with_name("seen.txt"), "a") as out:
+            out.write(f"{{VERSION}}\\n")
+        return super()._before_epoch(system, steps)
+'''
+
+
+def _pipetune(tmp_path: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipetune", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _seen(tmp_path: Path) -> list[str]:
+    seen = tmp_path / "seen.txt"
+    lines = seen.read_text().split() if seen.exists() else []
+    seen.unlink(missing_ok=True)
+    return lines
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie left to an init that does not reap is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _marks(stdout: str) -> str:
+    return re.search(r"^start-up \(s from process start\): (.*)$", stdout, re.M).group(1)
+
+
+def test_a_warm_service_serves_the_next_commands_with_fresh_code_and_stops(tmp_path):
+    env = {**tune_env(tmp_path), "PIPETUNE_KEEP_WARM_S": "120"}
+    job = synthetic_job("warm", trials=2)
+    job["workload"]["name"] = "marked:Marked"
+    job["early_stopping"]["max_epochs"] = 2
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    (tmp_path / "marked.py").write_text(WORKLOAD.format(version=1))
+    try:
+        first = _pipetune(tmp_path, env, "tune", "job.yaml")
+        assert first.returncode == 0, first.stderr[-3000:]
+        assert "kept warm for 2 min after the last command" in first.stderr
+        assert "Traceback" not in first.stderr and "warning:" not in first.stderr
+        assert set(_seen(tmp_path)) == {"1"}
+        url = re.search(r"^Prefect: flow runs at (\S+) \(served", first.stdout, re.M).group(1)
+        status = _pipetune(tmp_path, env, "service", "status")
+        pid = int(re.search(r"^pid (\d+): Prefect (\S+),", status.stdout, re.M).group(1))
+        assert url in status.stdout and _running(pid)
+
+        # Edited between two commands: the warm workers that imported it start again.
+        time.sleep(0.05)
+        (tmp_path / "marked.py").write_text(WORKLOAD.format(version=2))
+        second = _pipetune(tmp_path, env, "tune", "job.yaml")
+        assert second.returncode == 0, second.stderr[-3000:]
+        assert "starting a local Prefect server" not in second.stderr
+        assert f"Prefect: flow runs at {url} (served" in second.stdout
+        assert set(_seen(tmp_path)) == {"2"}
+        assert "workers restarted" in _marks(second.stdout)
+
+        third = _pipetune(tmp_path, env, "tune", "job.yaml")
+        assert third.returncode == 0, third.stderr[-3000:]
+        assert set(_seen(tmp_path)) == {"2"}
+        assert "workers restarted" not in _marks(third.stdout)
+
+        # All three studies' flow runs are in the one server, finished.
+        request = urllib.request.Request(f"{url}/api/flow_runs/filter", method="POST",
+                                         data=b"{}", headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            runs = json.load(response)
+        assert sorted(r["state_type"] for r in runs) == ["COMPLETED"] * 3
+        studies = sorted((tmp_path / "home" / "studies").glob("warm-*"))
+        assert {r["name"] for r in runs} == {p.name for p in studies}
+    finally:
+        stop = _pipetune(tmp_path, env, "service", "stop")
+    assert stop.returncode == 0 and "stopped pid" in stop.stdout, stop.stdout + stop.stderr
+    assert not _running(pid)
+    assert "no warm service runs" in _pipetune(tmp_path, env, "service", "status").stdout
+
+
+def test_a_bad_keep_warm_value_is_refused_by_name(tmp_path):
+    env = {**tune_env(tmp_path), "PIPETUNE_KEEP_WARM_S": "soon"}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(synthetic_job("bad-warm")))
+    proc = _pipetune(tmp_path, env, "tune", "job.yaml")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "PIPETUNE_KEEP_WARM_S" in proc.stderr and "seconds >= 0" in proc.stderr
+    proc = _pipetune(tmp_path, {**env, "PIPETUNE_KEEP_WARM_S": "0"}, "tune", "job.yaml",
+                     "--keep-warm", "-1")
+    assert proc.returncode == 2 and "--keep-warm" in proc.stderr, proc.stderr
+    assert not (tmp_path / "home" / "service").exists()
