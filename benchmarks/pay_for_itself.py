@@ -10,9 +10,10 @@ For one job file, in one run, each in a fresh process as a user would start it:
   ASHA, one CPU and one torch thread per trial, as many trials at once as cores);
   skipped with one line when Ray is not installed (``pip install 'pipetune[peers]'``);
 - ``pipetune-cold``: ``pipetune tune`` with a fresh pipetune home (empty ground truth
-  and compile cache) and a fresh MLflow store;
+  and compile cache), a fresh MLflow store and no warm service (it starts one);
 - ``pipetune-warm``: ``pipetune tune`` again on the same home (the ground truth and
-  compile cache the cold run left).
+  compile cache the cold run left, and the warm service it kept: its Prefect server and
+  Dask cluster, ``pipetune.service``; stopped at the end).
 
 Printed per strategy: whole-process seconds, epochs trained, seconds per epoch, its
 ratio to the better Optuna, best accuracy and, for pipetune, the share of the cores
@@ -160,6 +161,7 @@ def main() -> int:
             if row is not None:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+        stop_service(home, work)
     per_epoch = {r["strategy"]: r["process_s"] / r["epochs"] for r in rows if r["epochs"]}
     optuna = [per_epoch[n] for n in ("optuna-plain", "optuna-compiled") if n in per_epoch]
     ref = min(optuna) if optuna else None
@@ -177,6 +179,12 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
+
+
+def stop_service(home: Path, work: Path) -> None:
+    """Stop the warm service pipetune-cold left for pipetune-warm (pipetune.service)."""
+    subprocess.run([str(BIN / "pipetune"), "service", "stop"], env=env_for(home, None),
+                   cwd=work, capture_output=True, timeout=120)
 
 
 if __name__ == "__main__":

@@ -40,14 +40,14 @@ def pipetune_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "pipetune"]
 
 
-def clean_env(home: Path, prefect_home: Path) -> dict[str, str]:
+def clean_env(home: Path, prefect_home: Path, keep_warm_s: float = 0) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("PREFECT_API_URL", "PIPETUNE_HOME", "MLFLOW_TRACKING_URI",
                         "PIPETUNE_DASK_ADDRESS", "PIPETUNE_CHECKPOINTS", "PIPETUNE_GROUNDTRUTH")}
     env.update(HOME=str(home), PREFECT_HOME=str(prefect_home),
                PREFECT_SERVER_ANALYTICS_ENABLED="false",
                PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120",
-               MLFLOW_DISABLE_TELEMETRY="true")
+               MLFLOW_DISABLE_TELEMETRY="true", PIPETUNE_KEEP_WARM_S=str(keep_warm_s))
     return env
 
 
@@ -69,13 +69,17 @@ def warm_prefect_home(prefect_home: Path) -> None:
             os.environ["PREFECT_HOME"] = old
 
 
-def one_run(job: Path, prefect_home: Path | None, keep: bool) -> dict:
-    """Run ``pipetune tune JOB`` once in a new temporary HOME and working folder."""
-    work = Path(tempfile.mkdtemp(prefix="pipetune-startup-"))
+def one_run(job: Path, prefect_home: Path | None, keep: bool, work: Path | None = None) -> dict:
+    """Run ``pipetune tune JOB`` once in a new temporary HOME and working folder, or in
+    ``work`` (kept, the warm service's: its home, store and service reused)."""
+    reuse = work is not None
+    if work is None:
+        work = Path(tempfile.mkdtemp(prefix="pipetune-startup-"))
     home = work / "home"
-    home.mkdir()
-    shutil.copytree(job.parent, work / job.parent.name)
-    env = clean_env(home, prefect_home or work / "prefect")
+    if not home.exists():
+        home.mkdir()
+        shutil.copytree(job.parent, work / job.parent.name)
+    env = clean_env(home, prefect_home or work / "prefect", WARM_S if reuse else 0)
     load = os.getloadavg()[0]
     # Output to files, not pipes: a pipe stays open until every process that inherited
     # it is gone (the cluster's fork server finishes exiting in the background after
@@ -103,9 +107,19 @@ def one_run(job: Path, prefect_home: Path | None, keep: bool) -> dict:
     result["outside"] = total - result["tuning"]
     if proc.returncode != 0:
         result["stderr"] = (work / "stderr.txt").read_text()[-3000:]
-    if not keep and proc.returncode == 0:
+    if not keep and not reuse and proc.returncode == 0:
         shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+#: The warm service's keep-warm time in ``--home service`` runs.
+WARM_S = 600
+
+
+def stop_service(work: Path) -> None:
+    env = clean_env(work / "home", work / "prefect", WARM_S)
+    subprocess.run([*pipetune_command(), "service", "stop"], cwd=work, env=env,
+                   capture_output=True, timeout=120)
 
 
 def summarize(label: str, runs: list[dict]) -> list[str]:
@@ -139,8 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--job", default=str(ROOT / "examples" / "lenet_digits.yaml"))
-    parser.add_argument("--home", choices=("fresh", "warm", "both"), default="both",
-                        help="PREFECT_HOME: new for every run, one migrated beforehand, or both")
+    parser.add_argument("--home", choices=("fresh", "warm", "both", "service"), default="both",
+                        help="PREFECT_HOME: new for every run, one migrated beforehand, or "
+                        "both (each command starts and stops its own server and cluster); "
+                        "service: one HOME, working folder and MLflow store for every run "
+                        "and the warm service (pipetune.service) the default keeps, after "
+                        "one warm-up run not counted")
     parser.add_argument("--keep", action="store_true", help="keep each run's folder")
     parser.add_argument("--pause", type=float, default=5.0,
                         help="seconds between runs: the last run's fork server and workers "
@@ -151,13 +169,18 @@ def main(argv: list[str] | None = None) -> int:
     kinds = ("fresh", "warm") if args.home == "both" else (args.home,)
     for kind in kinds:
         prefect_home = None
+        work = None
+        if kind == "service":
+            work = Path(tempfile.mkdtemp(prefix="pipetune-startup-service-"))
+            r = one_run(job, None, True, work)
+            print(f"[service warm-up run] rc {r['rc']}: whole {r['total']:.1f} s", flush=True)
         if kind == "warm":
             prefect_home = Path(tempfile.mkdtemp(prefix="pipetune-prefect-")) / "prefect"
             warm_prefect_home(prefect_home)
         runs = []
         for i in range(args.runs):
             time.sleep(args.pause)
-            r = one_run(job, prefect_home, args.keep)
+            r = one_run(job, prefect_home, args.keep, work)
             runs.append(r)
             marks = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["marks"].items(),
                                                                  key=lambda kv: kv[1]))
@@ -169,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(r.get("stderr", ""), file=sys.stderr)
         if prefect_home is not None:
             shutil.rmtree(prefect_home.parent, ignore_errors=True)
+        if work is not None:
+            stop_service(work)
+            if not args.keep:
+                shutil.rmtree(work, ignore_errors=True)
         sections += summarize(f"`pipetune tune {job.name}`, {kind} PREFECT_HOME", runs) + [""]
     print("\n".join(["", "## Start-up and shutdown of `pipetune tune` (benchmarks/startup.py)",
                      "", *sections]))

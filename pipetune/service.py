@@ -275,6 +275,7 @@ def serve(folder: Path, idle_s: float, port: int) -> int:
               f"idle stop after {idle_s:.0f} s", flush=True)
         _wait_idle(folder, idle_s, stop)
     finally:
+        _stop_spare(folder)
         print("stopping", flush=True)
         # The last command ended trusting this server with events it had taken but maybe
         # not stored yet (its recorder flushes every second): a few seconds for them.
@@ -304,6 +305,41 @@ def _last_lease_end(folder: Path) -> float:
         return 0.0
 
 
+#: The spare recorder's socket, in the service's folder (pipetune.sidecar.spare).
+SPARE_SOCKET = "recorder.sock"
+_spares: list = []  # every spare started; the last one is the newest
+_newest = {"seen_waiting": False, "started": 0.0}
+
+
+def _keep_a_spare(folder: Path) -> None:
+    """A spare recorder waiting for the next command: started while no command runs
+    (its imports would take CPU from a command's epochs), once the last one was taken."""
+    from pipetune.sidecar.spare import start_spare
+
+    for proc in _spares[:-1]:  # reap those that served a command and exited
+        if proc.poll() is not None:
+            _spares.remove(proc)
+    newest = _spares[-1] if _spares else None
+    if (folder / SPARE_SOCKET).exists():
+        _newest["seen_waiting"] = True
+        return
+    if newest is not None and not _newest["seen_waiting"]:
+        if newest.poll() is None:
+            return  # still importing
+        if time.monotonic() - _newest["started"] < 60:
+            return  # it died before it waited: not again at once
+    _spares.append(start_spare(str(folder / SPARE_SOCKET), str(folder / "recorder.log")))
+    _newest.update(seen_waiting=False, started=time.monotonic())
+
+
+def _stop_spare(folder: Path) -> None:
+    """Stop the spare still waiting (one serving a command finishes on its own)."""
+    if _spares and (folder / SPARE_SOCKET).exists() and _spares[-1].poll() is None:
+        _spares[-1].terminate()
+    with contextlib.suppress(OSError):
+        (folder / SPARE_SOCKET).unlink()
+
+
 def _wait_idle(folder: Path, idle_s: float, stop: threading.Event) -> None:
     last_busy = time.monotonic()
     while not stop.wait(1.0):
@@ -319,6 +355,8 @@ def _wait_idle(folder: Path, idle_s: float, stop: threading.Event) -> None:
         elif time.monotonic() - last_busy >= idle_s:
             print(f"idle for {idle_s:.0f} s", flush=True)
             return
+        else:
+            _keep_a_spare(folder)
 
 
 if __name__ == "__main__":

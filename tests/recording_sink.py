@@ -35,3 +35,6 @@ class FileSink:
 
     def idle_flushes(self) -> int:
         return self.flushes
+
+    def env(self, name: str) -> str | None:
+        return os.environ.get(name)

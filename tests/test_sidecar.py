@@ -102,3 +102,42 @@ def _alive(pid: int) -> bool:
         return False
     status = Path(f"/proc/{pid}/stat")
     return status.exists() and status.read_text().split()[2] != "Z"
+
+
+def test_a_spare_recorder_started_ahead_becomes_this_process_recorder(tmp_path, monkeypatch):
+    """The warm service's spare (pipetune.sidecar.spare): started before the command,
+    it takes the command's environment, path and folder, answers on the command's pipes
+    and, once its input closes, has written everything and exits."""
+    from pipetune.sidecar.spare import start_spare
+
+    sock = tmp_path / "recorder.sock"
+    spare = start_spare(str(sock), str(tmp_path / "recorder.log"))
+    try:
+        deadline = time.monotonic() + 120
+        while not sock.exists():  # waiting only once its imports are done
+            assert spare.poll() is None, (tmp_path / "recorder.log").read_text()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        monkeypatch.syspath_prepend(str(TESTS_DIR))  # recording_sink, from our path only
+        monkeypatch.setenv("PIPETUNE_SPARE_RECORDER", str(sock))
+        monkeypatch.setenv("PIPETUNE_TEST_MARK", "from the command")
+        monkeypatch.chdir(tmp_path)
+        host = ProcessHost(name="test-spare")
+        assert host.pid == spare.pid and not sock.exists()  # taken, once
+        assert "PIPETUNE_SPARE_RECORDER" not in os.environ
+        sink = host.attach("recording_sink:FileSink", path="lines.txt")  # its folder: ours
+        for i in range(50):
+            sink.send("append", f"line {i}")
+        assert sink.call("pid") == spare.pid
+        assert sink.call("env", "PIPETUNE_TEST_MARK") == "from the command"
+        host.stop(timeout=60)
+        assert spare.wait(timeout=30) == 0
+        assert (tmp_path / "lines.txt").read_text().split("\n")[:2] == ["line 0", "line 1"]
+        # No spare left: the next host starts a child of its own.
+        monkeypatch.setenv("PIPETUNE_SPARE_RECORDER", str(sock))
+        own = ProcessHost(name="test-own")
+        assert own.pid not in (spare.pid, os.getpid())
+        own.stop(timeout=30)
+    finally:
+        if spare.poll() is None:
+            spare.kill()

@@ -6,7 +6,6 @@ commands runs as edited, and ``pipetune service stop`` ends them."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys

@@ -162,6 +162,8 @@ def _attach_service(args: argparse.Namespace):
     # Its server outlives this command: the task-run record ends once it has taken every
     # event, not once it has stored them (tasks.task_runs.TaskRunSink).
     os.environ["PIPETUNE_PREFECT_TRUST_TAKEN"] = "1"
+    # Its spare recorder, imports done and store open, if one waits (pipetune.sidecar.spare).
+    os.environ["PIPETUNE_SPARE_RECORDER"] = str(warm.folder / "recorder.sock")
     if warm.started_here:
         print(f"starting a local Prefect server and Dask cluster, kept warm for "
               f"{seconds / 60:g} min after the last command (`pipetune service stop` ends "

@@ -241,13 +241,7 @@ class ProcessHost(_Host):
 
     def __init__(self, name: str = "pipetune-recorder", preload: tuple[str, ...] = ()):
         self.name = name
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p or os.getcwd() for p in sys.path if isinstance(p, str))
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "pipetune.sidecar", *preload],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-        )
+        self._proc = _spare() or _child(preload)
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._replies: dict[int, _Reply] = {}
@@ -336,6 +330,26 @@ class ProcessHost(_Host):
             logger.warning("%s did not finish its writes in %s s; killed", self.name, timeout)
             self._proc.kill()
             self._proc.wait()
+
+
+def _child(preload: tuple[str, ...]) -> subprocess.Popen:
+    env = dict(os.environ)
+    env.pop("PIPETUNE_SPARE_RECORDER", None)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p or os.getcwd() for p in sys.path if isinstance(p, str))
+    return subprocess.Popen([sys.executable, "-m", "pipetune.sidecar", *preload],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+
+
+def _spare() -> Any:
+    """The warm service's spare recorder, taken (once per process), or None
+    (:mod:`pipetune.sidecar.spare`)."""
+    path = os.environ.pop("PIPETUNE_SPARE_RECORDER", None)
+    if not path:
+        return None
+    from pipetune.sidecar.spare import adopt
+
+    return adopt(path)
 
 
 _SHARED: ProcessHost | None = None

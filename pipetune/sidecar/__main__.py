@@ -41,8 +41,15 @@ def _pack(value: Any, error: BaseException | None) -> tuple[bytes, bytes | None]
 
 def main(preload: list[str]) -> NoReturn:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us after its writes
-    inp = sys.stdin.buffer
-    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    if preload[:1] == ["--spare"]:  # a spare: its command connects later (.spare)
+        from pipetune.sidecar.spare import wait_for_command
+
+        path, preload = preload[1], preload[2:]
+        inp, out = wait_for_command(path, lambda: _warm_up(preload))
+        preload = []
+    else:
+        inp = sys.stdin.buffer
+        out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     sys.stdout = sys.stderr  # a print in a sink must not corrupt the replies
     out_lock = threading.Lock()
     runner = _Runner("pipetune-recorder")  # the preload's, and any sink never attached
@@ -100,6 +107,21 @@ def main(preload: list[str]) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _warm_up(preload: list[str]) -> None:
+    """A spare's imports, done before any command needs them; and the working folder's
+    MLflow store (``mlflow.db``, if there) opened, its tables mapped, once."""
+    for module in preload:
+        with contextlib.suppress(Exception):
+            importlib.import_module(module)
+    if os.path.exists("mlflow.db"):
+        with contextlib.suppress(Exception):
+            from mlflow.tracking import MlflowClient
+
+            from pipetune.home import default_tracking_uri
+
+            MlflowClient(default_tracking_uri()).search_experiments(max_results=1)
 
 
 if __name__ == "__main__":

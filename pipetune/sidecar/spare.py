@@ -1,0 +1,174 @@
+"""A recorder process started ahead of the command that will use it.
+
+The warm service (:mod:`pipetune.service`) keeps one *spare* recorder waiting on a Unix
+socket, its imports done (MLflow, Prefect's client, the sinks) and the working folder's
+MLflow store opened. A ``pipetune tune`` that finds it (``$PIPETUNE_SPARE_RECORDER``)
+connects and hands it the two pipes a :class:`~pipetune.sidecar.ProcessHost` would have
+given a child of its own (``SCM_RIGHTS``), with its environment, ``sys.path`` and
+working folder; from then on the spare is that command's recorder, exactly: it reads
+the one pipe and answers on the other, and when the command closes its end (or dies)
+it writes what it was sent and exits. A command that cannot connect starts its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import socket
+import struct
+import time
+from typing import Any, BinaryIO
+
+#: Environment variable naming the spare recorder's socket, for the command.
+SPARE_ENV = "PIPETUNE_SPARE_RECORDER"
+_SIZE = struct.Struct("!I")
+
+
+class Adopted:
+    """The command's handle on a spare recorder: what a :class:`subprocess.Popen` of
+    its own would give :class:`~pipetune.sidecar.ProcessHost` (pipes, pid, wait)."""
+
+    def __init__(self, pid: int, stdin: BinaryIO, stdout: BinaryIO):
+        self.pid, self.stdin, self.stdout = pid, stdin, stdout
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not _alive(self.pid):
+            self.returncode = 0  # not our child: its exit code is its parent's to read
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import subprocess
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("spare recorder", timeout)
+            time.sleep(0.02)
+        return self.returncode or 0
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, 9)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def adopt(path: str, timeout: float = 1.0) -> Adopted | None:
+    """Take the spare recorder waiting at ``path``; None if there is none (or it does
+    not answer within ``timeout``)."""
+    import sys
+
+    if not os.path.exists(path):
+        return None
+    to_child, from_us = os.pipe()  # its input
+    to_us, from_child = os.pipe()  # its replies
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+        hello = pickle.dumps({"env": dict(os.environ), "cwd": os.getcwd(),
+                              "path": [p or os.getcwd() for p in sys.path if isinstance(p, str)]})
+        # its input, its replies, and this command's stderr (its warnings are ours)
+        socket.send_fds(sock, [_SIZE.pack(len(hello)) + hello], [to_child, from_child, 2])
+        (pid,) = _SIZE.unpack(_read_exactly(sock, _SIZE.size))
+    except OSError:
+        for fd in (to_child, from_us, to_us, from_child):
+            os.close(fd)
+        return None
+    finally:
+        sock.close()
+    os.close(to_child)
+    os.close(from_child)
+    if pid <= 0:
+        os.close(from_us)
+        os.close(to_us)
+        return None
+    return Adopted(pid, os.fdopen(from_us, "wb"), os.fdopen(to_us, "rb"))
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise OSError("the spare recorder closed the connection")
+        data += chunk
+    return data
+
+
+def wait_for_command(path: str, warm_up) -> tuple[BinaryIO, BinaryIO]:
+    """In the spare: listen at ``path``, run ``warm_up()``, then take the first command
+    that connects; become its recorder (its environment, path and folder) and return
+    the pipes to read from and answer on."""
+    import sys
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    tmp = f"{path}.{os.getpid()}"
+    listener.bind(tmp)
+    listener.listen(1)
+    warm_up()
+    os.replace(tmp, path)  # commands find it only once it is warm
+    while True:
+        conn, _ = listener.accept()
+        with contextlib.suppress(OSError):  # taken: the service starts the next spare
+            os.unlink(path)
+        try:
+            message, fds, _flags, _addr = socket.recv_fds(conn, 1 << 20, 3)
+            if len(fds) != 3 or len(message) < _SIZE.size:
+                raise OSError("not a command's hello")
+            (size,) = _SIZE.unpack(message[:_SIZE.size])
+            data = message[_SIZE.size:]
+            while len(data) < size:
+                chunk = conn.recv(size - len(data))
+                if not chunk:
+                    raise OSError("hello cut short")
+                data += chunk
+            hello: dict[str, Any] = pickle.loads(data)
+            conn.sendall(_SIZE.pack(os.getpid()))
+        except (OSError, pickle.UnpicklingError, EOFError, ValueError):
+            conn.close()
+            continue
+        conn.close()
+        break
+    listener.close()
+    os.environ.clear()
+    os.environ.update(hello["env"])
+    os.environ.pop(SPARE_ENV, None)
+    sys.path[:] = hello["path"]
+    with contextlib.suppress(OSError):
+        os.chdir(hello["cwd"])
+    os.dup2(fds[2], 2)
+    os.close(fds[2])
+    return os.fdopen(fds[0], "rb"), os.fdopen(fds[1], "wb")
+
+
+#: What a spare imports before it waits: the sinks a study attaches, and their libraries.
+SPARE_PRELOAD = ("mlflow", "mlflow.tracking", "pipetune.tracking.sink",
+                 "prefect.client.orchestration", "prefect.context", "tasks.task_runs",
+                 "tasks.epoch", "tasks.tuning")
+
+
+def start_spare(path: str, log: str) -> Any:
+    """Start a spare recorder that will wait at ``path`` (its own session: it outlives
+    whoever started it while it serves a command)."""
+    import subprocess
+    import sys
+
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "pipetune.sidecar", "--spare", path,
+                                 *SPARE_PRELOAD], stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
