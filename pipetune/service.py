@@ -312,8 +312,8 @@ _newest = {"seen_waiting": False, "started": 0.0}
 
 
 def _keep_a_spare(folder: Path) -> None:
-    """A spare recorder waiting for the next command: started while no command runs
-    (its imports would take CPU from a command's epochs), once the last one was taken."""
+    """A spare recorder waiting for the next command, started once the last one was
+    taken (it warms up at idle priority: no CPU taken from a running command's epochs)."""
     from pipetune.sidecar.spare import start_spare
 
     for proc in _spares[:-1]:  # reap those that served a command and exited
@@ -355,8 +355,7 @@ def _wait_idle(folder: Path, idle_s: float, stop: threading.Event) -> None:
         elif time.monotonic() - last_busy >= idle_s:
             print(f"idle for {idle_s:.0f} s", flush=True)
             return
-        else:
-            _keep_a_spare(folder)
+        _keep_a_spare(folder)
 
 
 if __name__ == "__main__":

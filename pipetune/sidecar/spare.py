@@ -110,6 +110,23 @@ def _read_exactly(sock: socket.socket, size: int) -> bytes:
     return data
 
 
+def _at_idle_priority(fn) -> None:
+    """``fn()`` in a thread scheduled only when a core has nothing else to run (Linux
+    ``SCHED_IDLE``, per thread): a spare warming up beside a command's epochs takes no
+    CPU from them. This thread keeps its normal priority for the recorder's work later
+    (an unprivileged thread cannot leave ``SCHED_IDLE`` again)."""
+    import threading
+
+    def run() -> None:
+        with contextlib.suppress(AttributeError, OSError):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        fn()
+
+    thread = threading.Thread(target=run, name="pipetune-spare-warm-up")
+    thread.start()
+    thread.join()
+
+
 def wait_for_command(path: str, warm_up) -> tuple[BinaryIO, BinaryIO]:
     """In the spare: listen at ``path``, run ``warm_up()``, then take the first command
     that connects; become its recorder (its environment, path and folder) and return
@@ -120,7 +137,7 @@ def wait_for_command(path: str, warm_up) -> tuple[BinaryIO, BinaryIO]:
     tmp = f"{path}.{os.getpid()}"
     listener.bind(tmp)
     listener.listen(1)
-    warm_up()
+    _at_idle_priority(warm_up)
     os.replace(tmp, path)  # commands find it only once it is warm
     while True:
         conn, _ = listener.accept()
