@@ -334,8 +334,10 @@ def _keep_a_spare(folder: Path) -> None:
 
 def _stop_spare(folder: Path) -> None:
     """Stop the spare still waiting (one serving a command finishes on its own)."""
-    if _spares and (folder / SPARE_SOCKET).exists() and _spares[-1].poll() is None:
-        _spares[-1].terminate()
+    newest = _spares[-1] if _spares else None
+    waiting = (folder / SPARE_SOCKET).exists()
+    if newest is not None and newest.poll() is None and (waiting or not _newest["seen_waiting"]):
+        newest.terminate()  # waiting, or still warming up: nobody took it
     with contextlib.suppress(OSError):
         (folder / SPARE_SOCKET).unlink()
 

@@ -137,10 +137,20 @@ def wait_for_command(path: str, warm_up) -> tuple[BinaryIO, BinaryIO]:
     tmp = f"{path}.{os.getpid()}"
     listener.bind(tmp)
     listener.listen(1)
+    parent = os.getppid()
     _at_idle_priority(warm_up)
     os.replace(tmp, path)  # commands find it only once it is warm
+    listener.settimeout(2.0)
     while True:
-        conn, _ = listener.accept()
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            if os.getppid() != parent:  # the service is gone: nobody will come
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                os._exit(0)
+            continue
+        conn.settimeout(10.0)
         with contextlib.suppress(OSError):  # taken: the service starts the next spare
             os.unlink(path)
         try:
