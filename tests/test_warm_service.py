@@ -57,6 +57,21 @@ def _running(pid: int) -> bool:
         return False
 
 
+def _left_behind(tmp_path: Path) -> list[str]:
+    """Running processes whose command line names this test's service folder."""
+    folder = str(tmp_path / "home" / "service")
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and _running(int(proc.name)):
+            try:
+                args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if folder in args:
+                found.append(args)
+    return found
+
+
 def _marks(stdout: str) -> str:
     return re.search(r"^start-up \(s from process start\): (.*)$", stdout, re.M).group(1)
 
@@ -106,6 +121,14 @@ def test_a_warm_service_serves_the_next_commands_with_fresh_code_and_stops(tmp_p
         stop = _pipetune(tmp_path, env, "service", "stop")
     assert stop.returncode == 0 and "stopped pid" in stop.stdout, stop.stdout + stop.stderr
     assert not _running(pid)
+    # Nothing of it is left: its Prefect server, workers, spare recorder.
+    deadline = time.monotonic() + 30
+    while _left_behind(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _left_behind(tmp_path)
+    from pipetune.prefect_server import healthy
+
+    assert not healthy(f"{url}/api")
     assert "no warm service runs" in _pipetune(tmp_path, env, "service", "status").stdout
 
 
