@@ -6,7 +6,8 @@ import io
 import sys
 from types import SimpleNamespace
 
-from pipetune.cli.tune import _LiveDisplay, _print_summary
+from pipetune.cli.tune_display import LiveDisplay as _LiveDisplay
+from pipetune.cli.tune_display import print_summary as _print_summary
 from pipetune.study import Trial
 
 

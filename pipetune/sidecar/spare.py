@@ -184,7 +184,7 @@ def wait_for_command(path: str, warm_up) -> tuple[BinaryIO, BinaryIO]:
 
 
 #: What a spare imports before it waits: the sinks a study attaches, and their libraries.
-SPARE_PRELOAD = ("mlflow", "mlflow.tracking", "pipetune.tracking.sink",
+SPARE_PRELOAD = ("mlflow", "mlflow.tracking", "pandas", "pipetune.tracking.sink",
                  "prefect.client.orchestration", "prefect.context", "tasks.task_runs",
                  "tasks.epoch", "tasks.tuning")
 
