@@ -163,9 +163,15 @@ class WarmService:
         with contextlib.suppress(OSError):
             self.lease.unlink()
 
+    def stop(self) -> None:
+        """Stop the service now (one this command started for a job it then refused)."""
+        _stop_pid(self.pid)
 
-def attach(idle_s: float) -> WarmService:
-    """The warm service for this command (started now if none serves it), leased."""
+
+def attach(idle_s: float) -> WarmService | None:
+    """The warm service for this command (started now if none serves it), leased; None
+    when the one there serves an older pipetune and another command still uses it (this
+    command then starts its own server and cluster, as with a keep-warm time of 0)."""
     root = services_root()
     folder = root / service_key()
     (folder / "leases").mkdir(parents=True, exist_ok=True)
@@ -175,6 +181,8 @@ def attach(idle_s: float) -> WarmService:
         record = read_record(folder)
         started_here = False
         if record and _alive(record["pid"]) and record.get("code") != fingerprint:
+            if _live_leases(folder):
+                return None  # serves pipetune as it was before an edit, to a running study
             _stop_pid(record["pid"])  # serves pipetune as it was before an edit
             record = None
         if not record or not _alive(record["pid"]):
@@ -184,6 +192,12 @@ def attach(idle_s: float) -> WarmService:
                               started_here=started_here, idle_s=float(record["idle_s"]))
         service.lease.write_text(json.dumps({"since": time.time()}))
     return service
+
+
+def _live_leases(folder: Path) -> list[int]:
+    """The commands using the service in ``folder`` now."""
+    return [int(p.name) for p in (folder / "leases").glob("*")
+            if p.name.isdigit() and _alive(int(p.name))]
 
 
 def _launch(folder: Path, idle_s: float, fingerprint: str) -> dict:
@@ -228,8 +242,7 @@ def services() -> list[dict]:
         record = read_record(folder)
         if not record:
             continue
-        leases = [p.name for p in (folder / "leases").glob("*") if p.name.isdigit()
-                  and _alive(int(p.name))]
+        leases = _live_leases(folder)
         found.append({**record, "folder": str(folder), "alive": _alive(record["pid"]),
                       "leases": leases})
     return found

@@ -142,3 +142,16 @@ def test_a_bad_keep_warm_value_is_refused_by_name(tmp_path):
                      "--keep-warm", "-1")
     assert proc.returncode == 2 and "--keep-warm" in proc.stderr, proc.stderr
     assert not (tmp_path / "home" / "service").exists()
+
+
+def test_a_refused_job_leaves_no_service_behind(tmp_path):
+    env = {**tune_env(tmp_path), "PIPETUNE_KEEP_WARM_S": "120"}
+    job = synthetic_job("refused")
+    job["search"]["trials"] = 0
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    proc = _pipetune(tmp_path, env, "tune", "job.yaml")
+    assert proc.returncode == 2 and "search.trials" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "no warm service runs" in _pipetune(tmp_path, env, "service", "status").stdout
+    assert not _left_behind(tmp_path)
+

@@ -129,12 +129,14 @@ def _run_tune(args: argparse.Namespace) -> int:
             startup_marks.mark("first epoch", summary["first_epoch_at"])
             startup_marks.mark("study done", summary["started_at"] + summary["tuning_wall_s"])
             print_summary(summary, startup.spec.objective.metric,
-                           os.environ["PREFECT_API_URL"], server, warm)
+                          os.environ["PREFECT_API_URL"], server, warm)
     finally:
         startup.close_cluster()
         startup.join_closing()
         if warm is not None:
             warm.release()
+            if warm.started_here and startup.spec is None:  # the job was refused: not kept
+                warm.stop()
         if server is not None and (server.restarted or server.lost_code is not None):
             # Prefect's calls that failed while its server was down leave exceptions in
             # reference cycles that hold the study's Dask client and cluster: collected
@@ -158,6 +160,8 @@ def _attach_service(args: argparse.Namespace):
     if args.dask_address or os.environ.get("PREFECT_API_URL") or seconds == 0:
         return None
     warm = attach(seconds)
+    if warm is None:
+        return None
     os.environ["PREFECT_API_URL"] = warm.api_url
     # Its server outlives this command: the task-run record ends once it has taken every
     # event, not once it has stored them (tasks.task_runs.TaskRunSink).
