@@ -188,6 +188,9 @@ def attach(idle_s: float) -> WarmService | None:
         if not record or not _alive(record["pid"]):
             record = _launch(folder, idle_s, fingerprint)
             started_here = True
+        elif float(record.get("idle_s", idle_s)) != idle_s:  # the newest command's wish
+            record["idle_s"] = idle_s
+            _write_record(folder, record)
         service = WarmService(folder=folder, pid=record["pid"], api_url=record["api_url"],
                               started_here=started_here, idle_s=float(record["idle_s"]))
         service.lease.write_text(json.dumps({"since": time.time()}))
@@ -277,12 +280,13 @@ def serve(folder: Path, idle_s: float, port: int) -> int:
     cluster = None
     try:
         cluster = shared_cluster()
-        record = read_record(folder) or {}
-        record.update(pid=os.getpid(), dask_address=cluster.scheduler_address,
-                      omp_wait_policy=os.environ.get("OMP_WAIT_POLICY",
-                                                     WORKER_PROCESS_ENV["OMP_WAIT_POLICY"]),
-                      cluster_ready=time.time())
-        _write_record(folder, record)
+        with open(folder / "lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            record = read_record(folder) or {}
+            policy = os.environ.get("OMP_WAIT_POLICY", WORKER_PROCESS_ENV["OMP_WAIT_POLICY"])
+            record.update(pid=os.getpid(), dask_address=cluster.scheduler_address,
+                          omp_wait_policy=policy, cluster_ready=time.time())
+            _write_record(folder, record)
         server.wait_healthy()
         print(f"serving: Dask {cluster.scheduler_address}, Prefect {server.api_url}, "
               f"idle stop after {idle_s:.0f} s", flush=True)
@@ -358,6 +362,8 @@ def _stop_spare(folder: Path) -> None:
 def _wait_idle(folder: Path, idle_s: float, stop: threading.Event) -> None:
     last_busy = time.monotonic()
     while not stop.wait(1.0):
+        with contextlib.suppress(TypeError, ValueError):  # a later command's keep-warm
+            idle_s = float((read_record(folder) or {}).get("idle_s", idle_s))
         busy = False
         for lease in (folder / "leases").glob("*"):
             if lease.name.isdigit() and _alive(int(lease.name)):

@@ -104,10 +104,13 @@ def test_a_warm_service_serves_the_next_commands_with_fresh_code_and_stops(tmp_p
         assert set(_seen(tmp_path)) == {"2"}
         assert "workers restarted" in _marks(second.stdout)
 
-        third = _pipetune(tmp_path, env, "tune", "job.yaml")
+        # The newest command's keep-warm time is the service's from now on.
+        third = _pipetune(tmp_path, {**env, "PIPETUNE_KEEP_WARM_S": "300"}, "tune", "job.yaml")
         assert third.returncode == 0, third.stderr[-3000:]
         assert set(_seen(tmp_path)) == {"2"}
         assert "workers restarted" not in _marks(third.stdout)
+        assert "(served 5 min after the last command" in third.stdout
+        assert "stops when idle 300 s" in _pipetune(tmp_path, env, "service", "status").stdout
 
         # All three studies' flow runs are in the one server, finished.
         request = urllib.request.Request(f"{url}/api/flow_runs/filter", method="POST",
