@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipetune.errors import PipetuneError, SpecError
+from pipetune.sidecar.spare import pid_alive as _alive
 
 #: Seconds the service stays up after its last command ended; 0: no service.
 KEEP_WARM_ENV = "PIPETUNE_KEEP_WARM_S"
@@ -87,20 +88,6 @@ def code_fingerprint() -> str:
                 with contextlib.suppress(OSError):
                     stamps.append(f"{name}:{os.stat(os.path.join(folder, name)).st_mtime_ns}")
     return hashlib.sha256("\n".join(sorted(stamps)).encode()).hexdigest()[:16]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie (exited, not reaped) is not alive
-    with contextlib.suppress(OSError):
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    return True
 
 
 def read_record(folder: Path) -> dict | None:

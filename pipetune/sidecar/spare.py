@@ -34,7 +34,7 @@ class Adopted:
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
-        if self.returncode is None and not _alive(self.pid):
+        if self.returncode is None and not pid_alive(self.pid):
             self.returncode = 0  # not our child: its exit code is its parent's to read
         return self.returncode
 
@@ -53,7 +53,9 @@ class Adopted:
             os.kill(self.pid, 9)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: a zombie (exited, its parent not reaping it yet)
+    does not."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
