@@ -263,9 +263,10 @@ class TaskRunSink:
         try:
             self._retry_at = 0.0  # the end: no pause left to wait out, one try a second
             while True:
-                if self._write_queued() and self.trust_taken and self._unanswered is None:
+                written = self._write_queued()
+                if written and self.trust_taken and self._unanswered is None:
                     return
-                if self._write_queued():
+                if written:
                     try:
                         now_missing = self._missing(
                             list(self._final_ids) if checked is None else checked)
