@@ -138,7 +138,10 @@ class LocalPrefectServer:
                 [sys.executable, "-m", "pipetune._watch", "--", prefect_executable(), "server",
                  "start", "--host", self.host, "--port", str(self.port)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
-                env=env, start_new_session=True,
+                # Its own process group (Ctrl-C is ours to pass on), not its own session:
+                # with Linux's autogroup a session is a CPU group as heavy as all of
+                # ours, so a busy server would take half the cores from the epochs.
+                env=env, process_group=0,
             )
         finally:
             if out is not subprocess.DEVNULL:

@@ -234,7 +234,8 @@ def services() -> list[dict]:
             continue
         leases = _live_leases(folder)
         found.append({**record, "folder": str(folder), "alive": _alive(record["pid"]),
-                      "leases": leases})
+                      "leases": leases, "spares": sorted(
+                          p.stem for p in folder.glob("*.sock") if p.stem in SPARE_NAMES)})
     return found
 
 
@@ -279,7 +280,7 @@ def serve(folder: Path, idle_s: float, port: int) -> int:
               f"idle stop after {idle_s:.0f} s", flush=True)
         _wait_idle(folder, idle_s, stop)
     finally:
-        _stop_spare(folder)
+        _stop_spares(folder)
         print("stopping", flush=True)
         # The last command ended trusting this server with events it had taken but maybe
         # not stored yet (its recorder flushes every second): a few seconds for them.
@@ -309,41 +310,80 @@ def _last_lease_end(folder: Path) -> float:
         return 0.0
 
 
-#: The spare recorder's socket, in the service's folder (pipetune.sidecar.spare).
-SPARE_SOCKET = "recorder.sock"
-_spares: list = []  # every spare started; the last one is the newest
-_newest = {"seen_waiting": False, "started": 0.0}
+class _Spare:
+    """One kind of process the service keeps waiting for the next command, imports
+    done: started again once the last one was taken (it warms up at idle priority: no
+    CPU taken from a running command's epochs)."""
+
+    def __init__(self, socket_name: str, log_name: str, argv: list[str]):
+        self.socket_name, self.log_name, self.argv = socket_name, log_name, argv
+        self.procs: list[subprocess.Popen] = []  # every one started; the last is newest
+        self.seen_waiting = False
+        self.started = 0.0
+
+    def keep(self, folder: Path) -> None:
+        for proc in self.procs[:-1]:  # reap those that served a command and exited
+            if proc.poll() is not None:
+                self.procs.remove(proc)
+        newest = self.procs[-1] if self.procs else None
+        if (folder / self.socket_name).exists():
+            self.seen_waiting = True
+            return
+        if newest is not None and not self.seen_waiting:
+            if newest.poll() is None:
+                return  # still importing
+            if time.monotonic() - self.started < 60:
+                return  # it died before it waited: not again at once
+        with open(folder / self.log_name, "ab") as out:
+            self.procs.append(subprocess.Popen(
+                [sys.executable, *(str(folder / self.socket_name) if a == "{socket}" else a
+                                   for a in self.argv)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                # Its own process group (it outlives a kill of ours while it serves a
+                # command), not its own session: Linux's autogroup makes each session a
+                # CPU group of its own, where idle priority would not stay idle and a
+                # busy recorder or driver weighs as much as all the epochs (measured:
+                # two warming spares took 3.2 of the first 9 CPU-s of a study).
+                process_group=0))
+        self.seen_waiting, self.started = False, time.monotonic()
+
+    def stop(self, folder: Path) -> None:
+        """Stop the one still waiting (one serving a command finishes on its own)."""
+        newest = self.procs[-1] if self.procs else None
+        waiting = (folder / self.socket_name).exists()
+        if newest is not None and newest.poll() is None and (waiting or not self.seen_waiting):
+            newest.terminate()  # waiting, or still warming up: nobody took it
+        with contextlib.suppress(OSError):
+            (folder / self.socket_name).unlink()
 
 
-def _keep_a_spare(folder: Path) -> None:
-    """A spare recorder waiting for the next command, started once the last one was
-    taken (it warms up at idle priority: no CPU taken from a running command's epochs)."""
-    from pipetune.sidecar.spare import start_spare
-
-    for proc in _spares[:-1]:  # reap those that served a command and exited
-        if proc.poll() is not None:
-            _spares.remove(proc)
-    newest = _spares[-1] if _spares else None
-    if (folder / SPARE_SOCKET).exists():
-        _newest["seen_waiting"] = True
-        return
-    if newest is not None and not _newest["seen_waiting"]:
-        if newest.poll() is None:
-            return  # still importing
-        if time.monotonic() - _newest["started"] < 60:
-            return  # it died before it waited: not again at once
-    _spares.append(start_spare(str(folder / SPARE_SOCKET), str(folder / "recorder.log")))
-    _newest.update(seen_waiting=False, started=time.monotonic())
+#: The spares a service keeps waiting: a recorder (:mod:`pipetune.sidecar.spare`) and a
+#: study driver (:mod:`pipetune.cli.handover`), each at ``<name>.sock`` in its folder.
+SPARE_NAMES = ("driver", "recorder")
 
 
-def _stop_spare(folder: Path) -> None:
-    """Stop the spare still waiting (one serving a command finishes on its own)."""
-    newest = _spares[-1] if _spares else None
-    waiting = (folder / SPARE_SOCKET).exists()
-    if newest is not None and newest.poll() is None and (waiting or not _newest["seen_waiting"]):
-        newest.terminate()  # waiting, or still warming up: nobody took it
-    with contextlib.suppress(OSError):
-        (folder / SPARE_SOCKET).unlink()
+def _spare_kinds() -> tuple[_Spare, ...]:
+    from pipetune.sidecar.spare import SPARE_PRELOAD
+
+    return (_Spare("recorder.sock", "recorder.log",
+                   ["-m", "pipetune.sidecar", "--spare", "{socket}", *SPARE_PRELOAD]),
+            # the driver's module is named, not imported: this layer never imports Prefect
+            _Spare("driver.sock", "driver.log", ["-m", "pipetune.cli.handover", "{socket}"]))
+
+
+_spares: list[_Spare] = []
+
+
+def _keep_spares(folder: Path) -> None:
+    if not _spares:
+        _spares.extend(_spare_kinds())
+    for spare in _spares:
+        spare.keep(folder)
+
+
+def _stop_spares(folder: Path) -> None:
+    for spare in _spares:
+        spare.stop(folder)
 
 
 def _wait_idle(folder: Path, idle_s: float, stop: threading.Event) -> None:
@@ -363,7 +403,7 @@ def _wait_idle(folder: Path, idle_s: float, stop: threading.Event) -> None:
         elif time.monotonic() - last_busy >= idle_s:
             print(f"idle for {idle_s:.0f} s", flush=True)
             return
-        _keep_a_spare(folder)
+        _keep_spares(folder)
 
 
 if __name__ == "__main__":

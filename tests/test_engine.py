@@ -129,3 +129,27 @@ def test_side_by_side_trials_compare_core_seconds_and_skip_wider_probes(tmp_path
     assert s.epoch_cost(two) == pytest.approx(epoch.cost("time"))  # alone: plain seconds
     side_cost = study(tmp_path / "d", search={"max_concurrent": 2}).epoch_cost(two)
     assert side_cost == pytest.approx(2 * epoch.cost("time"))
+
+
+def test_side_by_side_a_config_pays_for_the_cpu_it_kept_busy_beyond_its_cores(tmp_path):
+    """DataLoader workers run beside the cores a trial reserves: side by side, an epoch
+    that kept 1.6 CPUs busy on a 1-core reservation costs 1.6 core-seconds a second;
+    alone, plain seconds."""
+    import dataclasses
+
+    s = study(tmp_path / "a", search={"max_concurrent": 1})
+    backend = LocalBackend()
+    backend.submit(s.launchable()[0])
+    epoch = backend.wait().result
+    m = epoch.measurement
+    busy = dataclasses.replace(m, cpu_s=1.6 * m.own_wall_s + m.overhead_in_epoch_s)
+    loader = type(epoch)(**{**epoch.__dict__, "measurement": busy,
+                            "system": SystemConfig(cores=1, dataloader_workers=1)})
+    assert busy.cores_busy == pytest.approx(1.6)
+    assert s.epoch_cost(loader) == pytest.approx(busy.cost("time"))
+    side = study(tmp_path / "b", search={"max_concurrent": 2})
+    assert side.epoch_cost(loader) == pytest.approx(1.6 * busy.cost("time"))
+    assert side.observation(loader).cost == pytest.approx(1.6 * busy.cost("time"))
+    idle = dataclasses.replace(m, cpu_s=0.3 * m.own_wall_s + m.overhead_in_epoch_s)
+    waiting = type(epoch)(**{**epoch.__dict__, "measurement": idle})
+    assert side.epoch_cost(waiting) == pytest.approx(idle.cost("time"))  # its 1 core

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import pickle
 import subprocess
 import sys
@@ -117,7 +118,46 @@ def test_estimate_energy_is_cpu_seconds_times_watts(conv_result):
     own = (m.wall_s - m.overhead_in_epoch_s) / m.wall_s
     assert 0 < own <= 1
     assert m.cost("energy") == pytest.approx(m.energy_j * own / 192)
-    assert m.cost("time") == pytest.approx((m.wall_s - m.overhead_in_epoch_s) / 192)
+    assert 0 <= m.cpu_wait_s <= m.wall_s - m.overhead_in_epoch_s
+    assert m.cost("time") == pytest.approx(
+        (m.wall_s - m.overhead_in_epoch_s - m.cpu_wait_s) / 192)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity")
+                    or not os.path.exists("/proc/thread-self/schedstat"),
+                    reason="needs Linux CPU affinity and schedstat")
+def test_time_an_epoch_waited_for_a_cpu_is_left_out_of_its_cost():
+    """Pinned to one CPU beside a process burning it, an epoch takes about twice its
+    own time: the wait is measured and its cost is what it would take alone."""
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    before = os.sched_getaffinity(0)
+    train = make_train("conv", samples=8192, batch=64)
+    profiler = EpochProfiler(energy_meter=EstimateMeter(7.5))
+    os.sched_setaffinity(0, {cpu})  # this thread only: torch's other threads stay put
+    try:
+        torch.set_num_threads(1)
+        _, alone = profiler.measure(train, profile_ops=False)
+        # Not our child (its parent exits): the epoch's CPU counts its own children.
+        spawn = ("import subprocess, sys\n"
+                 f"print(subprocess.Popen([sys.executable, '-c', {BURN.format(s=60)!r}],"
+                 " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)")
+        burner = int(subprocess.run([sys.executable, "-c", spawn], capture_output=True,
+                                    text=True, check=True).stdout)
+        try:
+            os.sched_setaffinity(burner, {cpu})
+            time.sleep(0.2)
+            _, shared = profiler.measure(train, profile_ops=False)
+        finally:
+            psutil.Process(burner).kill()
+    finally:
+        os.sched_setaffinity(0, before)
+    assert shared.cpu_wait_s > 0.3 * shared.wall_s  # about half: one CPU, two runners
+    assert shared.wall_s > 1.5 * alone.wall_s
+    # Its own time is about what it took alone, nowhere near the doubled wall time.
+    assert shared.own_wall_s < 1.35 * alone.own_wall_s
+    assert shared.cost("time") == pytest.approx(shared.own_wall_s / shared.samples)
+    assert shared.steady_step_s < 1.35 * alone.steady_step_s
+    assert 0.5 < shared.cores_busy < 1.3  # one thread, busy whenever it ran
 
 
 def test_counters_source_matches_what_perf_can_do_here(conv_result):

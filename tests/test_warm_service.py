@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 from known import synthetic_job, tune_env
@@ -158,3 +160,77 @@ def test_a_refused_job_leaves_no_service_behind(tmp_path):
     assert "no warm service runs" in _pipetune(tmp_path, env, "service", "status").stdout
     assert not _left_behind(tmp_path)
 
+
+
+def _wait_for_spares(tmp_path: Path, env: dict) -> None:
+    """Until the service is idle with its spare driver and recorder waiting."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        out = _pipetune(tmp_path, env, "service", "status").stdout
+        if "spare driver and recorder waiting" in out and "in use" not in out:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"the spares never waited: {out}")
+
+
+def _journal_results(tmp_path: Path) -> int:
+    return sum(line.count('"kind": "result"')
+               for events in (tmp_path / "home" / "studies").glob("*/events.jsonl")
+               for line in events.read_text(errors="replace").splitlines())
+
+
+def test_a_command_handed_to_the_warm_driver_runs_and_stops_as_its_own(tmp_path):
+    """With the service's spare driver waiting, ``tune`` hands itself over: the driver
+    runs it on the command's terminal, in its folder, with its environment, and exits
+    with it; Ctrl-C on the command stops the study as it would have stopped it."""
+    env = {**tune_env(tmp_path), "PIPETUNE_KEEP_WARM_S": "120"}
+    job = synthetic_job("handed", trials=1)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    log = tmp_path / "home" / "service"
+    try:
+        first = _pipetune(tmp_path, env, "tune", "job.yaml")
+        assert first.returncode == 0, first.stderr[-3000:]
+        _wait_for_spares(tmp_path, env)
+        (driver_log,) = log.glob("*/driver.log")
+
+        proc = subprocess.Popen([sys.executable, "-m", "pipetune", "tune", "job.yaml",
+                                 "--trials", "2"], cwd=tmp_path, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        took = re.search(rf"^pid (\d+) runs `pipetune tune job.yaml --trials 2` for pid "
+                         rf"{proc.pid} in {re.escape(str(tmp_path))}$",
+                         driver_log.read_text(), re.M)
+        assert took, driver_log.read_text()
+        assert int(took.group(1)) != proc.pid
+        assert "best accuracy:" in out and "start-up (s from process start)" in out
+        first_epoch = float(re.search(r"first epoch (\d+\.\d)", out).group(1))
+        assert first_epoch < 60  # from the command's own start, not the spare's
+
+        # Ctrl-C on the command: its driver stops the study, the command exits 130.
+        job = synthetic_job("handed", trials=6)
+        job["workload"]["params"]["base_seconds"] = 3.0
+        (tmp_path / "slow.yaml").write_text(yaml.safe_dump(job))
+        _wait_for_spares(tmp_path, env)
+        before = _journal_results(tmp_path)
+        proc = subprocess.Popen([sys.executable, "-m", "pipetune", "tune", "slow.yaml"],
+                                cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 240
+        while _journal_results(tmp_path) < before + 1 and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        driver = int(re.findall(r"^pid (\d+) runs `pipetune tune slow.yaml`",
+                                driver_log.read_text(), re.M)[-1])
+        assert psutil.pid_exists(driver)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err[-3000:]
+        assert "interrupted" in err and "Traceback" not in err, err[-3000:]
+        deadline = time.monotonic() + 10
+        while _running(driver) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(driver)
+    finally:
+        stop = _pipetune(tmp_path, env, "service", "stop")
+    assert stop.returncode == 0, stop.stderr

@@ -135,6 +135,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["tune"]:  # a warm service's driver, imports done, may take it
+        from pipetune.cli.handover import hand_over
+        from pipetune.cli.tune import process_start_time
+
+        code = hand_over(argv, process_start_time())
+        if code is not None:
+            return code
     args = build_parser().parse_args(argv)
     # A process started in the background of a non-interactive shell (``cmd &``, some CI
     # runners) inherits SIGINT ignored, and Python then leaves it ignored: ``kill -INT``

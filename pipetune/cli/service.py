@@ -16,9 +16,11 @@ def _status(_args: argparse.Namespace) -> int:
         return 0
     for s in found:
         idle = "in use" if s["leases"] else f"stops when idle {s['idle_s']:g} s"
+        spares = " and ".join(s["spares"]) or "none yet"
         print(f"pid {s['pid']}: Prefect {s['api_url'].removesuffix('/api')}, Dask "
               f"{s.get('dask_address') or 'starting'}, for {s['cwd']}, up "
-              f"{(time.time() - s['started']) / 60:.1f} min, {idle}; files {s['folder']}")
+              f"{(time.time() - s['started']) / 60:.1f} min, {idle}; spare {spares} "
+              f"waiting; files {s['folder']}")
     return 0
 
 

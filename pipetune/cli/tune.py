@@ -43,7 +43,7 @@ class _Startup:
     """Wall-clock marks from the process's start, printed as where start-up went."""
 
     def __init__(self) -> None:
-        self.t0 = _process_start_time()
+        self.t0 = COMMAND_STARTED or process_start_time()
         self.marks: dict[str, float] = {}
 
     def mark(self, name: str, at: float | None = None) -> None:
@@ -54,7 +54,12 @@ class _Startup:
             f"{k} {v:.1f}" for k, v in sorted(self.marks.items(), key=lambda kv: kv[1]))
 
 
-def _process_start_time() -> float:
+#: When the command started, where it is not this process (a warm service's driver
+#: running it: :mod:`pipetune.cli.handover`); None: this process's start.
+COMMAND_STARTED: float | None = None
+
+
+def process_start_time() -> float:
     """When this process started, on the wall clock. On Linux to the clock tick (from
     ``/proc``: the start in ticks since boot against the uptime now); psutil's
     ``create_time`` counts from a boot time in whole seconds, up to 1 s off."""

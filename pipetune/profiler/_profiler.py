@@ -138,6 +138,7 @@ class EpochProfiler:
                 meter.start()
                 meter_on = True
             before = _usage.snapshot(exclude)
+            wait_before = _usage.thread_cpu_wait_s()
             setup_s = time.perf_counter() - t_setup
 
             clock.restart()
@@ -147,6 +148,7 @@ class EpochProfiler:
             _abandon(recorder, session, meter if meter_on else None)
             raise
         wall_s = time.perf_counter() - t0
+        wait_after = _usage.thread_cpu_wait_s()
 
         t_read = time.perf_counter()
         after = _usage.snapshot(exclude)
@@ -177,6 +179,15 @@ class EpochProfiler:
 
         in_epoch_s = clock.hook_s + _traced_excess(clock, recorder)
         steady_step_s, one_time_s = _split_one_time(clock, recorder, wall_s - in_epoch_s)
+        own_s = max(wall_s - in_epoch_s, 0.0)
+        cpu_wait_s = 0.0
+        if wait_before is not None and wait_after is not None and own_s > 0:
+            cpu_wait_s = min(max(wait_after - wait_before, 0.0), own_s)
+            # Every step waited alike, as far as we can tell: the steady step and the
+            # one-time part are what they would have been on a CPU of its own.
+            share = 1.0 - cpu_wait_s / own_s
+            steady_step_s *= share
+            one_time_s *= share
         overhead_s = setup_s + readout_s + in_epoch_s
         cores = _usable_cores()
         cpu_util = used.cpu_s / wall_s / cores if wall_s > 0 else 0.0
@@ -206,7 +217,7 @@ class EpochProfiler:
             energy_j=energy_j, energy_source=meter.source, counters_source=counters_source,
             op_mix=dict(op_mix.shares), counters=counters, overhead_s=overhead_s,
             profile=profile, overhead_in_epoch_s=in_epoch_s,
-            one_time_s=one_time_s, steady_step_s=steady_step_s,
+            one_time_s=one_time_s, steady_step_s=steady_step_s, cpu_wait_s=cpu_wait_s,
         )
         return stats, measurement
 

@@ -93,6 +93,11 @@ class EpochMeasurement:
     one_time_s: float = 0.0
     #: The mean step time once warm (0: not measured, e.g. a record from before it was).
     steady_step_s: float = 0.0
+    #: Of ``wall_s``, the time the epoch's thread was ready to run but waited for a CPU
+    #: that other work held (Linux schedstat; 0 where not kept). :meth:`cost` takes it
+    #: out, and ``one_time_s`` and ``steady_step_s`` are without it: a config is judged
+    #: by what it costs, not by what its neighbours did meanwhile.
+    cpu_wait_s: float = 0.0
 
     @property
     def samples_per_s(self) -> float:
@@ -103,18 +108,36 @@ class EpochMeasurement:
 
         The profiler's own time is taken out, pro rata for energy: it is the price of
         measuring, not of the system config, and only the profiled epoch pays much of it.
+        For ``time`` so is the time the epoch waited for a CPU (:attr:`own_wall_s`).
         """
         if self.samples <= 0:
             return float("inf")
-        # Only the profiler's time inside the epoch: set-up and read-out (perf detaching
-        # can take seconds) lie outside wall_s, and taking them out made a cost of 0.
-        own = max(self.wall_s - self.overhead_in_epoch_s, 0.0)
         if objective == "time":
-            return own / self.samples
+            return self.own_wall_s / self.samples
         if objective == "energy":
+            # The profiler's share of what was metered; waiting for a CPU draws nothing
+            # of the epoch's own (a CPU-time estimate) or is metered as it was.
+            own = max(self.wall_s - self.overhead_in_epoch_s, 0.0)
             share = own / self.wall_s if self.wall_s > 0 else 1.0
             return self.energy_j * share / self.samples
         raise ValueError(f"objective must be 'time' or 'energy', got {objective!r}")
+
+    @property
+    def own_wall_s(self) -> float:
+        """The epoch's wall time without the profiler's time inside it and without the
+        time it waited for a CPU (``cpu_wait_s``). Only the profiler's time *inside* the
+        epoch: set-up and read-out (perf detaching can take seconds) lie outside
+        ``wall_s``, and taking them out made a cost of 0."""
+        return max(self.wall_s - self.overhead_in_epoch_s - self.cpu_wait_s, 0.0)
+
+    @property
+    def cores_busy(self) -> float:
+        """CPU seconds per own wall second (:attr:`own_wall_s`), the profiler's own
+        time left out: what the epoch kept busy, DataLoader workers included, whatever
+        cores it reserved (0 when unknown)."""
+        own = self.own_wall_s
+        cpu = max(self.cpu_s - self.overhead_in_epoch_s, 0.0)
+        return cpu / own if own > 0 else 0.0
 
     def one_time_cost(self, objective: str) -> float:
         """The epoch's one-time part under the objective, for the whole epoch (``time``:

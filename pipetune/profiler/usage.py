@@ -159,6 +159,21 @@ def usage_between(before: UsageSnapshot, after: UsageSnapshot) -> Usage:
     return delta
 
 
+def thread_cpu_wait_s() -> float | None:
+    """Seconds this thread has spent ready to run but waiting for a CPU (Linux
+    ``/proc/thread-self/schedstat``, second field, in ns); None where it is not kept.
+
+    A delta over an epoch is the time the machine's other work took from it: on a
+    shared machine an epoch's wall time is its own cost plus this wait, and the wait
+    belongs to the neighbours, not to the system config under test.
+    """
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def process_cpu_seconds() -> float:
     """Cumulative CPU seconds (user + system) of this process tree, as :func:`snapshot`."""
     return snapshot().total().cpu_s

@@ -18,6 +18,7 @@ import pickle
 import socket
 import struct
 import time
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 #: Environment variable naming the spare recorder's socket, for the command.
@@ -72,8 +73,6 @@ def pid_alive(pid: int) -> bool:
 def adopt(path: str, timeout: float = 1.0) -> Adopted | None:
     """Take the spare recorder waiting at ``path``; None if there is none (or it does
     not answer within ``timeout``)."""
-    import sys
-
     if not os.path.exists(path):
         return None
     to_child, from_us = os.pipe()  # its input
@@ -82,11 +81,8 @@ def adopt(path: str, timeout: float = 1.0) -> Adopted | None:
     sock.settimeout(timeout)
     try:
         sock.connect(path)
-        hello = pickle.dumps({"env": dict(os.environ), "cwd": os.getcwd(),
-                              "path": [p or os.getcwd() for p in sys.path if isinstance(p, str)]})
         # its input, its replies, and this command's stderr (its warnings are ours)
-        socket.send_fds(sock, [_SIZE.pack(len(hello)) + hello], [to_child, from_child, 2])
-        (pid,) = _SIZE.unpack(_read_exactly(sock, _SIZE.size))
+        pid = send_hello(sock, command_hello(), [to_child, from_child, 2])
     except OSError:
         for fd in (to_child, from_us, to_us, from_child):
             os.close(fd)
@@ -129,25 +125,29 @@ def _at_idle_priority(fn) -> None:
     thread.join()
 
 
-def wait_for_command(path: str, warm_up) -> tuple[BinaryIO, BinaryIO]:
-    """In the spare: listen at ``path``, run ``warm_up()``, then take the first command
-    that connects; become its recorder (its environment, path and folder) and return
-    the pipes to read from and answer on."""
-    import sys
-
+def listen_when_warm(path: str, warm_up: Callable[[], None]) -> socket.socket:
+    """Listen at a private name beside ``path``, run ``warm_up()`` at idle priority,
+    then take the name ``path``: commands find a spare only once it is warm."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     tmp = f"{path}.{os.getpid()}"
     listener.bind(tmp)
     listener.listen(1)
-    parent = os.getppid()
     _at_idle_priority(warm_up)
-    os.replace(tmp, path)  # commands find it only once it is warm
+    os.replace(tmp, path)
     listener.settimeout(2.0)
+    return listener
+
+
+def accept_command(listener: socket.socket, path: str, nfds: int, parent: int,
+                   reply: Callable[[dict[str, Any]], int]) -> tuple[dict, list[int], Any]:
+    """The first command that connects with a hello and ``nfds`` file descriptors:
+    ``(hello, fds, connection)``, after answering it ``reply(hello)`` (a number). The
+    spare exits once its service (``parent``) is gone: nobody will come."""
     while True:
         try:
             conn, _ = listener.accept()
         except TimeoutError:
-            if os.getppid() != parent:  # the service is gone: nobody will come
+            if os.getppid() != parent:
                 with contextlib.suppress(OSError):
                     os.unlink(path)
                 os._exit(0)
@@ -156,8 +156,8 @@ def wait_for_command(path: str, warm_up) -> tuple[BinaryIO, BinaryIO]:
         with contextlib.suppress(OSError):  # taken: the service starts the next spare
             os.unlink(path)
         try:
-            message, fds, _flags, _addr = socket.recv_fds(conn, 1 << 20, 3)
-            if len(fds) != 3 or len(message) < _SIZE.size:
+            message, fds, _flags, _addr = socket.recv_fds(conn, 1 << 20, nfds)
+            if len(fds) != nfds or len(message) < _SIZE.size:
                 raise OSError("not a command's hello")
             (size,) = _SIZE.unpack(message[:_SIZE.size])
             data = message[_SIZE.size:]
@@ -167,19 +167,51 @@ def wait_for_command(path: str, warm_up) -> tuple[BinaryIO, BinaryIO]:
                     raise OSError("hello cut short")
                 data += chunk
             hello: dict[str, Any] = pickle.loads(data)
-            conn.sendall(_SIZE.pack(os.getpid()))
+            conn.sendall(_SIZE.pack(reply(hello)))
         except (OSError, pickle.UnpicklingError, EOFError, ValueError):
             conn.close()
             continue
-        conn.close()
-        break
-    listener.close()
+        listener.close()
+        return hello, fds, conn
+
+
+def become(hello: dict[str, Any]) -> None:
+    """Take the command's environment, ``sys.path`` and working folder."""
+    import sys
+
     os.environ.clear()
     os.environ.update(hello["env"])
     os.environ.pop(SPARE_ENV, None)
     sys.path[:] = hello["path"]
     with contextlib.suppress(OSError):
         os.chdir(hello["cwd"])
+
+
+def send_hello(sock: socket.socket, hello: dict[str, Any], fds: list[int]) -> int:
+    """A command's side of :func:`accept_command`: the hello with ``fds``; the answer."""
+    data = pickle.dumps(hello)
+    socket.send_fds(sock, [_SIZE.pack(len(data)) + data], fds)
+    (answer,) = _SIZE.unpack(_read_exactly(sock, _SIZE.size))
+    return answer
+
+
+def command_hello() -> dict[str, Any]:
+    """What a spare takes of the command: environment, ``sys.path``, working folder."""
+    import sys
+
+    return {"env": dict(os.environ), "cwd": os.getcwd(),
+            "path": [p or os.getcwd() for p in sys.path if isinstance(p, str)]}
+
+
+def wait_for_command(path: str, warm_up: Callable[[], None]) -> tuple[BinaryIO, BinaryIO]:
+    """In the spare: listen at ``path``, run ``warm_up()``, then take the first command
+    that connects; become its recorder (its environment, path and folder) and return
+    the pipes to read from and answer on."""
+    parent = os.getppid()
+    listener = listen_when_warm(path, warm_up)
+    hello, fds, conn = accept_command(listener, path, 3, parent, lambda _: os.getpid())
+    conn.close()
+    become(hello)
     os.dup2(fds[2], 2)
     os.close(fds[2])
     return os.fdopen(fds[0], "rb"), os.fdopen(fds[1], "wb")
@@ -200,4 +232,4 @@ def start_spare(path: str, log: str) -> Any:
     with open(log, "ab") as out:
         return subprocess.Popen([sys.executable, "-m", "pipetune.sidecar", "--spare", path,
                                  *SPARE_PRELOAD], stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, process_group=0)

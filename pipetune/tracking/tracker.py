@@ -327,6 +327,7 @@ class StudyTracker:
             "profiler_overhead_s": m.overhead_s,
             "one_time_s": m.one_time_s,
             "steady_step_s": m.steady_step_s,
+            "cpu_wait_s": m.cpu_wait_s,
             **{k: v for k, v in result.metrics.items()},
             **result.system.as_metrics(),
         }
