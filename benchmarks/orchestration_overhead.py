@@ -98,7 +98,7 @@ def main() -> int:
         print(f"embedded cluster warm after {time.time() - t0:.1f} s (outside every clock)")
         t0 = time.time()
         shared_host(preload=("mlflow.tracking", "pandas", "prefect.client.orchestration",
-                             "tasks.task_runs")).wait_ready()
+                             "tasks.task_run_sink")).wait_ready()
         print(f"recorder process ready after {time.time() - t0:.1f} s (outside every clock)")
         ensure_experiment(f"sqlite:///{work / 'mlflow.db'}")
         results = []

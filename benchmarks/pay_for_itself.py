@@ -2,7 +2,7 @@
 
 For one job file, in one run, each in a fresh process as a user would start it:
 
-- ``optuna-plain``: ``python -m pipetune.bench_optuna`` (TPE + successive halving,
+- ``optuna-plain``: ``python -m pipetune.bench.optuna_plain`` (TPE + successive halving,
   one torch thread per trial, as many trials at once as cores);
 - ``optuna-compiled``: the same, every trial compiled (``system.default.compile``),
   into a fresh compile cache of its own;
@@ -61,8 +61,8 @@ def env_for(home: Path, cache: Path | None) -> dict[str, str]:
 
 
 #: The strategies run in a fresh process of their own module, no pipetune around them.
-PEER_MODULES = {"optuna-plain": "pipetune.bench_optuna",
-                "optuna-compiled": "pipetune.bench_optuna",
+PEER_MODULES = {"optuna-plain": "pipetune.bench.optuna_plain",
+                "optuna-compiled": "pipetune.bench.optuna_plain",
                 "ray-tune": "pipetune.bench.ray_tune"}
 STRATEGIES = ("optuna-plain", "optuna-compiled", "ray-tune", "pipetune-cold", "pipetune-warm")
 

@@ -40,8 +40,8 @@ from pipetune.bench import (
     strategy_spec,
     write_report,
 )
+from pipetune.bench.optuna_plain import OptunaRunFailed
 from pipetune.bench.ray_tune import RayTuneRunFailed
-from pipetune.bench_optuna import OptunaRunFailed
 from pipetune.dask.address import default_address
 from pipetune.errors import BrokenWorkload, PipetuneError
 from pipetune.spec import JobSpec
@@ -68,7 +68,7 @@ def run_study(
     and the engine it drove. ``seen`` collects the engines the flow drove (the study
     of a flow that raised is its last)."""
     from flows.study import study_flow
-    from pipetune.events import Stepped
+    from pipetune.engine.events import Stepped
     from pipetune.session import observing
 
     seen = [] if seen is None else seen
@@ -101,7 +101,7 @@ def run_optuna_plain(spec: JobSpec, out: Path, *, cores: int,
     import os
 
     from pipetune.bench import result_from_optuna
-    from pipetune.bench_optuna import run_subprocess
+    from pipetune.bench.optuna_plain import run_subprocess
 
     job_file = out / f"{name}-job.json"
     job_file.write_text(json.dumps(spec.to_dict()))  # JSON is YAML: load_spec reads it

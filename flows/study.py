@@ -3,7 +3,7 @@
 The flow only wires. The study is opened, run and closed by the library
 (:func:`pipetune.session.open_study`); here a deployment's parameters are confined, the
 flow run is named after its study and linked to its MLflow run, and the engine's epochs,
-profile lookups and tuning decisions (its events, :mod:`pipetune.events`) are recorded
+profile lookups and tuning decisions (its events, :mod:`pipetune.engine.events`) are recorded
 as task runs, so every trial shows in
 the Prefect UI as a chain epoch -> lookup -> tune -> epoch ... Each epoch is a plain Dask
 future recorded as one ``train-epoch`` task run (:mod:`tasks.task_runs` says why they are

@@ -4,10 +4,13 @@ Importing this package is cheap: torch, scikit-learn, MLflow and Prefect are imp
 only by the modules that need them (and Prefect never by the library).
 """
 
+from pipetune._own_packages import install as _install_own_packages
 from pipetune.errors import PipetuneError, SpecError, SystemConfigError, WorkloadError
 from pipetune.system.config import MachineInfo, SystemConfig
 
 __version__ = "0.1.0"
+
+_install_own_packages()  # flows, tasks, deployments: ours, whatever the job's folder holds
 
 __all__ = [
     "MachineInfo",

@@ -45,7 +45,7 @@ RECORDER_SETTINGS = {
 #: (``$PIPETUNE_PREFECT_RESTARTS``, default 3; 0: never).
 RESTARTS_ENV = "PIPETUNE_PREFECT_RESTARTS"
 #: How long a study's task-run recorder waits, at the end, for a Prefect API that does
-#: not answer (``tasks.task_runs.TaskRunSink``).
+#: not answer (``tasks.task_run_sink.TaskRunSink``).
 CATCH_UP_ENV = "PIPETUNE_PREFECT_CATCH_UP_S"
 
 

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-    from pipetune.study import Study
+    from pipetune.engine.study import Study
     from pipetune.system.config import SystemConfig
 
 PHASE_COLOURS = {"profile": "#f2a541", "probe": "#5b8def", "train": "#54b36b"}

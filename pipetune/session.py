@@ -33,12 +33,12 @@ from pipetune.states import TrialState
 if TYPE_CHECKING:
     from pipetune.backends import EpochBackend
     from pipetune.checkpoints import CheckpointStore
-    from pipetune.events import Observer, StudyEvent
-    from pipetune.journal import StudyJournal
+    from pipetune.engine.events import Observer, StudyEvent
+    from pipetune.engine.journal import StudyJournal
+    from pipetune.engine.study import Study
+    from pipetune.engine.trial import Trial
     from pipetune.spec import JobSpec, SpaceDrop
-    from pipetune.study import Study
     from pipetune.tracking import StudyTracker
-    from pipetune.trial import Trial
 
 #: The attribute a log record carries (through ``extra``) for a line meant for a person
 #: at the terminal: the command line prints it as its own ``warning:`` line.
@@ -58,7 +58,7 @@ _OBSERVING: contextvars.ContextVar[tuple[Observer, ...]] = contextvars.ContextVa
 def observing(observer: Observer) -> Iterator[Observer]:
     """Every study run inside the block (in this thread or a task it starts, e.g. a
     Prefect flow called here) also tells ``observer`` its events
-    (:mod:`pipetune.events`): how the command line's live table watches a study it
+    (:mod:`pipetune.engine.events`): how the command line's live table watches a study it
     starts through the flow. Scoped to the block and the context, not a global."""
     token = _OBSERVING.set((*_OBSERVING.get(), observer))
     try:
@@ -109,9 +109,16 @@ def check_study(spec: JobSpec, options: StudyOptions) -> None:
     starts any, so a refusal costs nothing (exit 2, nothing recorded). (``tune`` checks
     its ``--dask-address`` itself, with ``--allow-insecure-dask``.)"""
     from pipetune.dask.address import check_scheduler_address
+    from pipetune.engine.journal import find_study, studies_root
     from pipetune.groundtruth import GroundTruth
-    from pipetune.journal import find_study, studies_root
+    from pipetune.policies import factory
 
+    # A searcher or scheduler of the user's own (an import path) must import.
+    for name, value, kind in (("search.algorithm", spec.search.algorithm, "searcher"),
+                              ("early_stopping.policy", spec.early_stopping.policy,
+                               "scheduler")):
+        if ":" in value:
+            factory(name, value, kind=kind)
     if options.resume:
         find_study(studies_root(), options.resume, spec.name).check_format()
     elif spec.pipetune.enabled:
@@ -143,10 +150,10 @@ def open_study(spec: JobSpec, options: StudyOptions, *, policy: Any = None,
         prepare_workload,
         process_knob_values,
     )
+    from pipetune.engine.journal import StudyJournal, find_study, studies_root
+    from pipetune.engine.study import Study
     from pipetune.groundtruth import GroundTruth
-    from pipetune.journal import StudyJournal, find_study, studies_root
     from pipetune.spec import JobSpec
-    from pipetune.study import Study
     from pipetune.tracking import StudyTracker, default_tracking_uri
 
     log = log or logging.getLogger("pipetune.study")
@@ -315,9 +322,9 @@ class OpenedStudy:
         resumable; it is raised again (a :class:`PipetuneError` carrying the study's id
         as ``study_id``). ``backend.close`` is called either way. ``observers`` (and
         those of an enclosing :func:`observing`) hear the engine's events
-        (:mod:`pipetune.events`) after the study's own records have, and, last, a
-        :class:`~pipetune.events.StudyFinished` with the summary returned here."""
-        from pipetune.events import StudyFinished
+        (:mod:`pipetune.engine.events`) after the study's own records have, and, last, a
+        :class:`~pipetune.engine.events.StudyFinished` with the summary returned here."""
+        from pipetune.engine.events import StudyFinished
         from pipetune.reports import load_in_background, orchestration_overhead, overhead_summary
 
         study, tracker, log = self.study, self.tracker, self.log
@@ -388,7 +395,7 @@ class OpenedStudy:
     def _record(self, event: StudyEvent) -> None:
         """The study's own observer: each finished epoch and ended trial into MLflow, an
         ended trial's other checkpoints pruned, one line per ended trial."""
-        from pipetune.events import EpochFinished, TrialEnded
+        from pipetune.engine.events import EpochFinished, TrialEnded
 
         study = self.study
         if self.refused:  # the tracking store never opened the study's run

@@ -1,7 +1,7 @@
 """The decisions between a trial's epochs, as the Prefect tasks their runs belong to.
 
 The engine makes the profile lookup and the tuning decision itself and emits each
-with its times (:class:`pipetune.events.LookedUp`, :class:`pipetune.events.Decided`);
+with its times (:class:`pipetune.engine.events.LookedUp`, :class:`pipetune.engine.events.Decided`);
 the study flow writes each as a run of one of these tasks
 (:meth:`tasks.task_runs.TaskRunWriter.ran`), so the Prefect UI shows every decision
 between a trial's epochs. A task run must belong to a task (its name, key and tags);
@@ -13,7 +13,7 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-_RECORD_ONLY = ("a record of what the study engine did (pipetune.events); the engine "
+_RECORD_ONLY = ("a record of what the study engine did (pipetune.engine.events); the engine "
                 "makes this decision itself")
 
 

@@ -25,11 +25,11 @@ from pipetune.bench import (
     write_report,
 )
 from pipetune.checkpoints import CheckpointStore
+from pipetune.engine.study import Study, run_study_locally
 from pipetune.errors import SpecError
 from pipetune.groundtruth import GroundTruth
 from pipetune.searchers import make_searcher
 from pipetune.spec import JobSpec
-from pipetune.study import Study, run_study_locally
 from pipetune.system.config import MachineInfo, SystemConfig
 
 MACHINE = MachineInfo(cores=2)
@@ -256,7 +256,7 @@ def test_ratios_are_against_v1_default_and_the_oracle(bench):
 
 def test_the_headline_ratio_is_against_optuna_plain(bench):
     from pipetune.bench import result_from_optuna
-    from pipetune.bench_optuna import OptunaPlainResult
+    from pipetune.bench.optuna_plain import OptunaPlainResult
 
     plain = OptunaPlainResult(
         job="bench-test", metric="accuracy", mode="max", tuning_wall_s=25.0,
@@ -359,7 +359,7 @@ def test_the_oracle_is_also_read_by_core_seconds_and_per_epoch_against_optuna(be
     import dataclasses
 
     from pipetune.bench import OracleRow, result_from_optuna
-    from pipetune.bench_optuna import OptunaPlainResult
+    from pipetune.bench.optuna_plain import OptunaPlainResult
 
     cold = bench.get("pipetune-cold")
     chosen = OracleRow(system=cold.chosen_system, train_s=36.9, epoch_s=4.1, energy_j=1.0,
@@ -396,7 +396,7 @@ def test_a_failed_strategy_is_reported_and_left_out_of_every_ratio(bench, tmp_pa
     import dataclasses
 
     from pipetune.bench import result_from_optuna
-    from pipetune.bench_optuna import OptunaPlainResult
+    from pipetune.bench.optuna_plain import OptunaPlainResult
 
     plain = OptunaPlainResult(
         job="bench-test", metric="accuracy", mode="max", tuning_wall_s=25.0,
@@ -440,7 +440,7 @@ def test_a_failed_strategy_is_reported_and_left_out_of_every_ratio(bench, tmp_pa
 
 def test_when_every_optuna_strategy_failed_its_ratios_are_na(bench):
     from pipetune.bench import result_from_optuna
-    from pipetune.bench_optuna import OptunaPlainResult, OptunaTrialRow
+    from pipetune.bench.optuna_plain import OptunaPlainResult, OptunaTrialRow
 
     rows = [OptunaTrialRow(number=i, params={}, epochs=0, value=None, state="FAIL", seed=i,
                            error="RuntimeError: synthetic workload: planned failure at epoch 1")
@@ -470,7 +470,7 @@ def test_when_every_optuna_strategy_failed_its_ratios_are_na(bench):
 
 
 def test_a_failed_optuna_child_gives_the_line_naming_its_exception(tmp_path):
-    from pipetune.bench_optuna import OptunaRunFailed, failure_line, run_subprocess
+    from pipetune.bench.optuna_plain import OptunaRunFailed, failure_line, run_subprocess
 
     traceback = ("[W 2026-12-05] Trial 0 failed\nTraceback (most recent call last):\n"
                  '  File "x.py", line 3, in f\n    1 / 0\n'

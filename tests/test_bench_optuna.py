@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from known import synthetic_job
 
-from pipetune.bench_optuna import (
+from pipetune.bench.optuna_plain import (
     OptunaPlainResult,
     main,
     run_optuna_plain,
@@ -173,7 +173,7 @@ def test_main_in_a_fresh_process_prints_json(tmp_path):
     job_file.write_text(json.dumps(JobSpec.from_dict(tiny_job(trials=3)).to_dict()))
     out = tmp_path / "result.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "pipetune.bench_optuna", str(job_file),
+        [sys.executable, "-m", "pipetune.bench.optuna_plain", str(job_file),
          "--trials", "2", "--jobs", "1", "--json", str(out)],
         capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
     )
@@ -192,7 +192,7 @@ def test_main_rejects_a_missing_job(tmp_path, capsys):
 
 
 def test_run_subprocess_reads_the_result_back_and_imports_no_orchestration(tmp_path):
-    from pipetune.bench_optuna import run_subprocess
+    from pipetune.bench.optuna_plain import run_subprocess
 
     job_file = tmp_path / "job.json"
     job_file.write_text(json.dumps(JobSpec.from_dict(tiny_job(trials=2)).to_dict()))
@@ -203,7 +203,7 @@ def test_run_subprocess_reads_the_result_back_and_imports_no_orchestration(tmp_p
     script = (
         "import json, sys\n"
         "from pipetune.spec import JobSpec\n"
-        "from pipetune.bench_optuna import run_optuna_plain\n"
+        "from pipetune.bench.optuna_plain import run_optuna_plain\n"
         f"spec = JobSpec.from_dict(json.loads(open({str(job_file)!r}).read()))\n"
         "run_optuna_plain(spec, n_jobs=1, trials=1)\n"
         "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules}"
@@ -216,9 +216,24 @@ def test_run_subprocess_reads_the_result_back_and_imports_no_orchestration(tmp_p
 
 
 def test_run_subprocess_reports_a_failing_child(tmp_path):
-    from pipetune.bench_optuna import run_subprocess
+    from pipetune.bench.optuna_plain import run_subprocess
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\n")
     with pytest.raises(RuntimeError, match="exit 2"):
         run_subprocess(bad, timeout=120)
+
+
+def test_the_old_module_name_still_works_with_a_deprecation_warning():
+    import importlib
+
+    sys.modules.pop("pipetune.bench_optuna", None)
+    with pytest.warns(DeprecationWarning, match="pipetune.bench.optuna_plain"):
+        old = importlib.import_module("pipetune.bench_optuna")
+    import pipetune.bench.optuna_plain as moved
+
+    assert old is moved and old.run_optuna_plain is moved.run_optuna_plain
+    proc = subprocess.run([sys.executable, "-m", "pipetune.bench_optuna", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "--trials" in proc.stdout
+    assert "deprecated" in proc.stderr and "pipetune.bench.optuna_plain" in proc.stderr

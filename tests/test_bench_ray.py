@@ -130,7 +130,7 @@ def test_the_space_is_checked_before_ray_is_needed():
 def test_the_search_space_draws_as_optuna_plain_does_and_pickles():
     import optuna
 
-    from pipetune.bench_optuna import suggest_params
+    from pipetune.bench.optuna_plain import suggest_params
 
     spec = JobSpec.from_dict(tiny_job())
     space = pickle.loads(pickle.dumps(SearchSpace(spec)))  # Tune pickles its searcher

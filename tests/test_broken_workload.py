@@ -20,10 +20,10 @@ import yaml
 from known import synthetic_job
 
 from pipetune.checkpoints import CheckpointStore
-from pipetune.journal import StudyJournal
+from pipetune.engine.journal import StudyJournal
+from pipetune.engine.study import Study, run_study_locally
 from pipetune.spec import JobSpec
 from pipetune.states import TrialState
-from pipetune.study import Study, run_study_locally
 from pipetune.system.config import MachineInfo
 
 HERE = Path(__file__).resolve().parent

@@ -23,11 +23,11 @@ import yaml
 from known import synthetic_job
 
 from pipetune.checkpoints import CheckpointStore
+from pipetune.engine.journal import StudyJournal
+from pipetune.engine.study import Study, run_study_locally
 from pipetune.errors import CheckpointWriteError
-from pipetune.journal import StudyJournal
 from pipetune.spec import JobSpec
 from pipetune.states import TrialState
-from pipetune.study import Study, run_study_locally
 from pipetune.system.config import MachineInfo
 
 MACHINE = MachineInfo(cores=2)

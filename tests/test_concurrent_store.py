@@ -103,5 +103,5 @@ def test_an_experiment_another_study_created_meanwhile_is_found(tmp_path, monkey
                 return None
             return super().get_experiment_by_name(name)
 
-    monkeypatch.setattr(tracking, "mlflow_client", Late)
+    monkeypatch.setattr(tracking.store, "mlflow_client", Late)
     assert tracking.ensure_experiment(uri) == made

@@ -18,9 +18,9 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from pipetune.checkpoints import CheckpointStore
+from pipetune.engine.study import Study, run_study_locally
 from pipetune.errors import SpecError, WorkloadError
 from pipetune.spec import JobSpec
-from pipetune.study import Study, run_study_locally
 from pipetune.system import SystemConfig, applied_system_config
 from pipetune.system.apply import applied_context
 from pipetune.system.config import MachineInfo

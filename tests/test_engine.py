@@ -8,9 +8,9 @@ from known import synthetic_job
 
 from pipetune.backends import EpochBackend, EpochOutcome, LocalBackend
 from pipetune.checkpoints import CheckpointStore
-from pipetune.events import Decided, EpochFinished, Stepped, StudyEvent
+from pipetune.engine.events import Decided, EpochFinished, Stepped, StudyEvent
+from pipetune.engine.study import Study, StudyStuck
 from pipetune.spec import JobSpec
-from pipetune.study import Study, StudyStuck
 from pipetune.system.config import MachineInfo, SystemConfig
 
 MACHINE = MachineInfo(cores=2)
@@ -77,7 +77,7 @@ def test_observers_hear_every_event_in_order_and_the_journal_keeps_the_replayed_
         tmp_path):
     """The engine's events, in the order things happened; the journal (an observer)
     appends exactly the kinds a resume replays."""
-    from pipetune.journal import StudyJournal
+    from pipetune.engine.journal import StudyJournal
 
     journal = StudyJournal(tmp_path / "studies", "engine").create()
     s = Study(study(tmp_path).spec, study_id="engine", checkpoints=CheckpointStore(tmp_path / "ck"),

@@ -22,7 +22,7 @@ from known import process_cluster
 from test_worker_loss import ONE_CORE_WORKERS, three_trial_spec
 
 from pipetune.checkpoints import CheckpointStore
-from pipetune.study import Study
+from pipetune.engine.study import Study
 
 pytestmark = [
     pytest.mark.slow,

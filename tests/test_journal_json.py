@@ -15,11 +15,11 @@ from known import synthetic_job
 
 from pipetune.backends import LocalBackend
 from pipetune.checkpoints import CheckpointStore
+from pipetune.engine.journal import JournalError, StudyJournal
+from pipetune.engine.study import Study
 from pipetune.groundtruth import GroundTruth
-from pipetune.journal import JournalError, StudyJournal
 from pipetune.runner import EpochResult
 from pipetune.spec import JobSpec
-from pipetune.study import Study
 from pipetune.system.config import MachineInfo
 from pipetune.tuner import TuningDecision
 

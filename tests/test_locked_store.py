@@ -52,7 +52,7 @@ def test_a_locked_write_is_tried_again_and_lands_once(store):
 def test_a_store_locked_for_good_fails_after_the_back_off(store, monkeypatch):
     import pipetune.tracking as tracking
 
-    monkeypatch.setattr(tracking, "LOCKED_BACKOFF_S", (0.01, 0.01))
+    monkeypatch.setattr(tracking.store, "LOCKED_BACKOFF_S", (0.01, 0.01))
     uri, run_id = store
     locked = LockedClient(uri, refusals=99)
     with pytest.raises(Exception, match="database is locked"):
@@ -95,7 +95,7 @@ def test_a_store_locked_past_the_back_off_keeps_the_writes_in_the_spool(tmp_path
     from pipetune.tracking import MlflowSink, RetryingClient
     from pipetune.tracking.spool import Spool
 
-    monkeypatch.setattr(tracking, "LOCKED_BACKOFF_S", (0.01,))
+    monkeypatch.setattr(tracking.store, "LOCKED_BACKOFF_S", (0.01,))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     store = LockedBatches(uri)
     spool = tmp_path / "study" / "mlflow-spool.jsonl"

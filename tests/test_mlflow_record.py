@@ -21,10 +21,10 @@ from known import synthetic_job, wait_until_healthy
 
 from pipetune.backends import LocalBackend
 from pipetune.checkpoints import CheckpointStore
+from pipetune.engine.study import Study
 from pipetune.groundtruth import GroundTruth
 from pipetune.net import free_port
 from pipetune.spec import JobSpec
-from pipetune.study import Study
 from pipetune.tracking.tracker import PHASE_CODES, StudyTracker, study_metric_name
 
 STUDY_EXPERIMENT = "pipetune"

@@ -16,13 +16,13 @@ import yaml
 from known import synthetic_job
 
 from pipetune.checkpoints import CheckpointStore
+from pipetune.engine.journal import StudyJournal
+from pipetune.engine.study import Study, run_study_locally
 from pipetune.groundtruth import GroundTruth
-from pipetune.journal import StudyJournal
 from pipetune.profiler.profile import EpochMeasurement, Profile
 from pipetune.schedulers import ASHAScheduler
 from pipetune.spec import JobSpec
 from pipetune.states import GroundTruthMatch, Phase
-from pipetune.study import Study, run_study_locally
 from pipetune.system.config import MachineInfo, SystemConfig
 from pipetune.tuner import MIN_ONE_TIME_HORIZON, EpochObservation, SystemTuner
 
@@ -336,7 +336,7 @@ def test_a_known_job_runs_its_first_epoch_under_the_known_config_and_confirms_it
 
 
 def test_a_known_job_whose_first_epoch_does_not_confirm_starts_over_from_the_default(tmp_path):
-    from pipetune.trial import Trial
+    from pipetune.engine.trial import Trial
 
     gt = GroundTruth(tmp_path / "gt.json")
     job = channels_last_job("graph")
@@ -539,7 +539,7 @@ def test_a_later_trial_compiles_on_the_worker_that_paid_and_learns_what_a_reuse_
 
 
 def test_the_slots_busy_share_counts_epochs_held_until_the_tail(tmp_path):
-    from pipetune.events import EpochFinished
+    from pipetune.engine.events import EpochFinished
     from pipetune.reports import slots_busy
 
     def busy_share(name, driver_pause_s):

@@ -21,10 +21,10 @@ import torch
 import yaml
 
 from pipetune.checkpoints import CheckpointStore
+from pipetune.engine.study import Study, run_study_locally
 from pipetune.errors import WorkloadError
 from pipetune.spec import JobSpec, load_spec
 from pipetune.states import TrialState
-from pipetune.study import Study, run_study_locally
 from pipetune.system import SystemConfig, applied_system_config
 from pipetune.system.apply import AppliedConfig, Device, applied_context
 from pipetune.system.config import KNOBS, MachineInfo

@@ -7,9 +7,9 @@ from __future__ import annotations
 from known import synthetic_job
 
 from pipetune.checkpoints import CheckpointStore
+from pipetune.engine.study import Study, run_study_locally
 from pipetune.reports import PHASE_COLOURS, TIMELINE_MAX_TRIALS, timeline_figure
 from pipetune.spec import JobSpec
-from pipetune.study import Study, run_study_locally
 
 
 def _study(tmp_path, trials: int) -> Study:
@@ -41,8 +41,8 @@ def _bars_study(durations: list[list[float]]):
     """A finished-looking study: per trial, epochs back to back lasting ``durations``."""
     from types import SimpleNamespace
 
+    from pipetune.engine.study import Trial
     from pipetune.states import Phase
-    from pipetune.study import Trial
     from pipetune.system.config import SystemConfig
 
     phases = (Phase.PROFILE, Phase.PROBE, Phase.TRAIN)

@@ -18,9 +18,9 @@ from mlflow.tracking import MlflowClient
 
 from pipetune.backends import LocalBackend
 from pipetune.checkpoints import CheckpointStore
+from pipetune.engine.study import Study
 from pipetune.runner import deterministic_algorithms, run_epoch
 from pipetune.spec import JobSpec, split_system_params
-from pipetune.study import Study
 from pipetune.tracking import StudyTracker
 from pipetune.workloads.synthetic import SyntheticWorkload
 

@@ -12,10 +12,10 @@ from known import synthetic_job
 
 from pipetune.backends import EpochOutcome, LocalBackend
 from pipetune.checkpoints import CheckpointStore, flush_checkpoints
+from pipetune.engine.journal import JournalError, StudyJournal, find_study
+from pipetune.engine.study import Study
 from pipetune.groundtruth import GroundTruth
-from pipetune.journal import JournalError, StudyJournal, find_study
 from pipetune.spec import JobSpec
-from pipetune.study import Study
 from pipetune.system.config import MachineInfo
 
 MACHINE = MachineInfo(cores=2)

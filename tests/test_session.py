@@ -9,8 +9,8 @@ import json
 import pytest
 from known import process_cluster, synthetic_job
 
+from pipetune.engine.events import EpochFinished
 from pipetune.errors import BrokenWorkload
-from pipetune.events import EpochFinished
 from pipetune.session import StudyOptions, open_study
 from pipetune.spec import JobSpec
 

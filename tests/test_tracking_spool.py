@@ -22,10 +22,10 @@ from mlflow.tracking import MlflowClient
 
 from pipetune.backends import LocalBackend
 from pipetune.checkpoints import CheckpointStore
+from pipetune.engine.study import Study
 from pipetune.groundtruth import GroundTruth
 from pipetune.net import free_port
 from pipetune.spec import JobSpec
-from pipetune.study import Study
 from pipetune.tracking.spool import Spool, spool_path
 from pipetune.tracking.tracker import StudyTracker
 
@@ -281,8 +281,8 @@ def test_a_session_ending_with_writes_waiting_says_so_in_one_warning(tmp_path, s
 
     from known import process_cluster
 
-    from pipetune.events import EpochFinished
-    from pipetune.journal import studies_root
+    from pipetune.engine.events import EpochFinished
+    from pipetune.engine.journal import studies_root
     from pipetune.session import NOTICE_ATTR, StudyOptions, open_study
 
     def kill_at_the_first_epoch(event) -> None:

@@ -8,10 +8,10 @@ import pytest
 from known import CONV_JOB, synthetic_job
 from mlflow.tracking import MlflowClient
 
+from pipetune.engine.study import Trial
 from pipetune.profiler.profile import EpochMeasurement, Profile
 from pipetune.runner import EpochResult
 from pipetune.spec import JobSpec
-from pipetune.study import Trial
 from pipetune.tracking import (
     MAX_ENTITIES_PER_BATCH,
     MAX_METRICS_PER_BATCH,

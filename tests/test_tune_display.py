@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from pipetune.cli.tune_display import LiveDisplay as _LiveDisplay
 from pipetune.cli.tune_display import print_summary as _print_summary
-from pipetune.study import Trial
+from pipetune.engine.study import Trial
 
 
 def _study():
@@ -54,7 +54,7 @@ def test_the_table_is_rebuilt_at_most_four_times_a_second_and_the_last_step_is_s
         monkeypatch):
     """A long study steps hundreds of times a second; the table (built from every trial)
     is drawn at most every 0.25 s, and the last step is drawn when the display closes."""
-    from pipetune.events import Stepped
+    from pipetune.engine.events import Stepped
 
     monkeypatch.setattr(sys, "stderr", io.StringIO())
     drawn: list[int] = []

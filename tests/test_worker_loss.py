@@ -9,8 +9,8 @@ import pytest
 from known import process_cluster, synthetic_job
 
 from pipetune.checkpoints import CheckpointStore
+from pipetune.engine.study import Study
 from pipetune.spec import JobSpec
-from pipetune.study import Study
 from pipetune.system.config import MachineInfo
 
 pytestmark = [

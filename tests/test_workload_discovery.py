@@ -205,9 +205,9 @@ def test_a_study_on_the_embedded_cluster_started_before_the_job_was_read(tmp_pat
         shared_cluster,
     )
     from pipetune.dask.ship import check_workload
+    from pipetune.engine.study import Study
     from pipetune.spec import load_spec
     from pipetune.states import TrialState
-    from pipetune.study import Study
 
     close_shared_cluster()
     try:
@@ -418,3 +418,29 @@ def test_module_origin_tells_shipped_code_from_installed(tmp_path, own_path):
     assert (solo.path, solo.is_package, solo.installed) == (
         str((tmp_path / "solo.py").resolve()), False, False)
     assert module_origin(unique("nowhere")).root is None
+
+
+def test_your_own_tasks_flows_and_deployments_modules_do_not_stand_in_for_pipetunes(tmp_path):
+    """Modules named like pipetune's own top-level packages, beside the job and in the
+    working folder (first on every process's path), are not what pipetune imports:
+    the study records its Prefect task runs in full; a workload in such a module is
+    refused by name."""
+    path = user_folder(tmp_path)
+    for name in ("tasks", "flows", "deployments"):
+        (path.parent / f"{name}.py").write_text(
+            f"raise RuntimeError('the user\\'s own {name}.py was imported')\n")
+    env = clean_env(PIPETUNE_HOME=str(tmp_path / "home"))
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.run([sys.executable, "-m", "pipetune", "tune", "job.yaml", "--trials",
+                           "1"], cwd=path.parent, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "was imported" not in proc.stderr + proc.stdout
+    assert "failed" not in proc.stderr and "incomplete" not in proc.stderr, proc.stderr[-3000:]
+    assert "Prefect: flow run" in proc.stdout
+
+    (path.parent / "tasks.py").write_text(MODULE)
+    path.write_text(yaml.safe_dump(job("tasks:MyWorkload")))
+    refused = validate(path, cwd=path.parent)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "'tasks' is one of pipetune's own packages" in refused.stderr, refused.stderr

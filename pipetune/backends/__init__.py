@@ -1,6 +1,6 @@
 """Executors of epoch tasks behind one small interface (Syne Tune's ``TrialBackend``).
 
-The study engine (:meth:`pipetune.study.Study.step`) hands a backend the epochs to
+The study engine (:meth:`pipetune.engine.study.Study.step`) hands a backend the epochs to
 run and asks it for the next finished one; it decides everything else.
 """
 

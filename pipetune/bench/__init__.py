@@ -7,6 +7,9 @@ run and what the numbers mean. One module per reason to change:
 ``jobs``        reading a bench job file and its ``bench`` section (data root,
                 fallback data, ``--quick`` sizes, the optuna-plain target)
 ``strategies``  the strategies as job-spec transformations, and the oracle's plan
+``optuna_plain`` strategies ``optuna-plain`` and ``optuna-compiled``: plain Optuna on
+                the same workload code, in a fresh process with nothing of Prefect, Dask
+                or MLflow (``python -m pipetune.bench.optuna_plain``)
 ``ray_tune``    strategy ``ray-tune``: Ray Tune on the same workload code, in a fresh
                 process (``python -m pipetune.bench.ray_tune``; the ``peers`` extra)
 ``results``     what a study measured, the results table with its ratios and target
@@ -15,74 +18,57 @@ run and what the numbers mean. One module per reason to change:
 ``tracker``     the bench's MLflow runs (experiment ``pipetune-bench``)
 ==============  ======================================================================
 
-The names below are re-exported here; import them from :mod:`pipetune.bench`.
+The names below are re-exported here, loaded on first use (a peer's fresh process,
+``python -m pipetune.bench.optuna_plain``, imports only what it runs); import them from
+:mod:`pipetune.bench`.
 """
 
 from __future__ import annotations
 
-from pipetune.bench.jobs import (
-    OPTUNA_TARGET,
-    BenchJob,
-    load_bench_job,
-    quick_overrides,
-    resolve_data_params,
-)
-from pipetune.bench.report import (
-    machine_description,
-    markdown,
-    metric_time_figure,
-    tuning_time_figure,
-    write_report,
-)
-from pipetune.bench.results import (
-    BenchResult,
-    OracleRow,
-    StrategyResult,
-    best_params_overall,
-    oracle_rows,
-    result_from_optuna,
-    result_from_study,
-)
-from pipetune.bench.strategies import (
-    GROUNDTRUTH_USE,
-    ORACLE,
-    PEERS,
-    REFERENCE,
-    STRATEGIES,
-    oracle_spec,
-    peer_unavailable,
-    strategy_spec,
-    system_axes,
-)
-from pipetune.bench.tracker import BENCH_EXPERIMENT, BenchTracker
+import importlib
+from typing import Any
 
-__all__ = [
-    "BENCH_EXPERIMENT",
-    "GROUNDTRUTH_USE",
-    "OPTUNA_TARGET",
-    "ORACLE",
-    "PEERS",
-    "REFERENCE",
-    "STRATEGIES",
-    "BenchJob",
-    "BenchResult",
-    "BenchTracker",
-    "OracleRow",
-    "StrategyResult",
-    "best_params_overall",
-    "load_bench_job",
-    "machine_description",
-    "markdown",
-    "metric_time_figure",
-    "oracle_rows",
-    "oracle_spec",
-    "peer_unavailable",
-    "quick_overrides",
-    "resolve_data_params",
-    "result_from_optuna",
-    "result_from_study",
-    "strategy_spec",
-    "system_axes",
-    "tuning_time_figure",
-    "write_report",
-]
+_WHERE = {
+    "BENCH_EXPERIMENT": "pipetune.bench.tracker",
+    "BenchJob": "pipetune.bench.jobs",
+    "BenchResult": "pipetune.bench.results",
+    "BenchTracker": "pipetune.bench.tracker",
+    "GROUNDTRUTH_USE": "pipetune.bench.strategies",
+    "OPTUNA_TARGET": "pipetune.bench.jobs",
+    "ORACLE": "pipetune.bench.strategies",
+    "OracleRow": "pipetune.bench.results",
+    "PEERS": "pipetune.bench.strategies",
+    "REFERENCE": "pipetune.bench.strategies",
+    "STRATEGIES": "pipetune.bench.strategies",
+    "StrategyResult": "pipetune.bench.results",
+    "best_params_overall": "pipetune.bench.results",
+    "load_bench_job": "pipetune.bench.jobs",
+    "machine_description": "pipetune.bench.report",
+    "markdown": "pipetune.bench.report",
+    "metric_time_figure": "pipetune.bench.report",
+    "oracle_rows": "pipetune.bench.results",
+    "oracle_spec": "pipetune.bench.strategies",
+    "peer_unavailable": "pipetune.bench.strategies",
+    "quick_overrides": "pipetune.bench.jobs",
+    "resolve_data_params": "pipetune.bench.jobs",
+    "result_from_optuna": "pipetune.bench.results",
+    "result_from_study": "pipetune.bench.results",
+    "strategy_spec": "pipetune.bench.strategies",
+    "system_axes": "pipetune.bench.strategies",
+    "tuning_time_figure": "pipetune.bench.report",
+    "write_report": "pipetune.bench.report",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

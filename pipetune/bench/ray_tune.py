@@ -1,6 +1,6 @@
 """Strategy ``ray-tune``: what a Ray Tune user would write instead of pipetune.
 
-The peer of ``optuna-plain`` (:mod:`pipetune.bench_optuna`): the *same* workload code a
+The peer of ``optuna-plain`` (:mod:`pipetune.bench.optuna_plain`): the *same* workload code a
 pipetune job runs, tuned by ``ray.tune.Tuner`` with ``OptunaSearch`` (TPE seeded with
 ``search.seed``, the space drawn with the same ``trial.suggest_*`` calls) and
 ``ASHAScheduler`` (``max_t`` = ``early_stopping.max_epochs``, ``grace_period`` =
@@ -12,7 +12,7 @@ MLflow, profiler, system tuner or checkpoints.
 
 Each trial is a function trainable that builds its workload as optuna-plain does
 (``resolve_workload(name)(**params)``, ``setup(hparams, seed)`` with the seed formula
-of :mod:`pipetune.study`, the trial number being Optuna's), then per epoch
+of :mod:`pipetune.engine.study`, the trial number being Optuna's), then per epoch
 ``train_epoch(system)`` and ``evaluate(system)`` under ``system.default`` and
 ``tune.report({<metric>: value, "epoch": n})``. A trial ASHA stops before
 ``max_epochs`` is ``PRUNED``; one that trained them all ``COMPLETE``; one that raised
@@ -30,7 +30,7 @@ Ray's worker processes included)::
                                                [--started EPOCH_SECONDS]
 
 It prints :meth:`RayTuneResult.to_dict` as JSON on stdout: the shape of
-:class:`pipetune.bench_optuna.OptunaPlainResult` (``n_jobs``: trials at once), so
+:class:`pipetune.bench.optuna_plain.OptunaPlainResult` (``n_jobs``: trials at once), so
 ``pipetune.bench.result_from_optuna(result, "ray-tune")`` reads it into the bench. It
 exits 3 with the one skip line on stderr when Ray Tune cannot be imported, 2 on a bad
 job. :func:`run_subprocess` does all of this and reads the result back.
@@ -55,9 +55,9 @@ from dataclasses import asdict, dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import TYPE_CHECKING, Any  # noqa: E402
 
-from pipetune.bench_optuna import check_space as _optuna_check_space  # noqa: E402
-from pipetune.bench_optuna import failure_line as _optuna_failure_line  # noqa: E402
-from pipetune.bench_optuna import suggest, trial_seed  # noqa: E402
+from pipetune.bench.optuna_plain import check_space as _optuna_check_space  # noqa: E402
+from pipetune.bench.optuna_plain import failure_line as _optuna_failure_line  # noqa: E402
+from pipetune.bench.optuna_plain import suggest, trial_seed  # noqa: E402
 
 if TYPE_CHECKING:
     from pipetune.spec import JobSpec
@@ -78,7 +78,7 @@ TRIAL_NUMBER = "_trial_number"
 
 @dataclass(frozen=True)
 class RayTrialRow:
-    """One Ray Tune trial, as :class:`pipetune.bench_optuna.OptunaTrialRow`: ``number``
+    """One Ray Tune trial, as :class:`pipetune.bench.optuna_plain.OptunaTrialRow`: ``number``
     (Optuna's trial number), its ``params``, ``epochs`` trained, ``value`` (the
     objective after its last reported epoch, None when it reported none), ``state``
     (``COMPLETE``, ``PRUNED`` or ``FAIL``), ``seed``, ``duration_s``, ``error``; and
@@ -98,7 +98,7 @@ class RayTrialRow:
 @dataclass(frozen=True)
 class RayTuneResult:
     """What a ``ray-tune`` run did; the fields of
-    :class:`pipetune.bench_optuna.OptunaPlainResult`, plus ``ray_version``.
+    :class:`pipetune.bench.optuna_plain.OptunaPlainResult`, plus ``ray_version``.
 
     ``tuning_wall_s``: wall time of ``Tuner.fit`` alone. ``process_wall_s``: from the
     caller's start time (in ``main``, module import or ``--started``) to the end, after

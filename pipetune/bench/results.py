@@ -15,7 +15,7 @@ from pipetune.bench.strategies import REFERENCE
 from pipetune.spec import SYSTEM_HPARAM_PREFIX
 
 if TYPE_CHECKING:
-    from pipetune.study import Study
+    from pipetune.engine.study import Study
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,7 @@ def result_from_study(
 
 
 def result_from_optuna(result: Any, strategy: str = "optuna-plain") -> StrategyResult:
-    """A :class:`StrategyResult` from :class:`pipetune.bench_optuna.OptunaPlainResult`:
+    """A :class:`StrategyResult` from :class:`pipetune.bench.optuna_plain.OptunaPlainResult`:
     no probes, no ground truth, no orchestration; energy not metered. A run whose every
     trial failed (Optuna records a trial that raises as ``FAIL`` and goes on) is a
     failed strategy, its reason the trials' most common error."""

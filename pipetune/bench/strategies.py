@@ -6,7 +6,7 @@ Strategies, all with the job's hyperparameter space, trial budget and seeds:
 ``optuna-plain``   the user's alternative: a plain in-process Optuna study of the same
                    workload code (TPE + SuccessiveHalvingPruner from the job's ASHA
                    settings, ``n_jobs`` = cores, one torch thread each), in a fresh
-                   process with no Prefect, Dask or MLflow (:mod:`pipetune.bench_optuna`)
+                   process with no Prefect, Dask or MLflow (:mod:`pipetune.bench.optuna_plain`)
 ``ray-tune``       the other peer: Ray Tune (``Tuner`` + ``OptunaSearch`` TPE +
                    ``ASHAScheduler`` from the job's ASHA settings, one CPU and one torch
                    thread per trial, as many at once as cores) on the same workload code,

@@ -44,7 +44,7 @@ from pipetune.sidecar.spare import (
 DRIVER_SOCKET = "driver.sock"
 #: What the spare driver imports before it waits (what a ``tune`` command imports).
 DRIVER_PRELOAD = ("pipetune.cli.tune", "pipetune.cli.tune_display", "pipetune.session",
-                  "flows.first", "flows.study", "prefect.flow_engine",
+                  "flows.first", "flows.beside", "flows.study", "prefect.flow_engine",
                   "prefect.client.orchestration",
                   "pipetune.tracking.sink", "pipetune.dask.backend", "distributed",
                   "pandas", "matplotlib.figure", "matplotlib.backends.backend_agg",

@@ -169,7 +169,7 @@ def _attach_service(args: argparse.Namespace):
         return None
     os.environ["PREFECT_API_URL"] = warm.api_url
     # Its server outlives this command: the task-run record ends once it has taken every
-    # event, not once it has stored them (tasks.task_runs.TaskRunSink).
+    # event, not once it has stored them (tasks.task_run_sink.TaskRunSink).
     os.environ["PIPETUNE_PREFECT_TRUST_TAKEN"] = "1"
     # Its spare recorder, imports done and store open, if one waits (pipetune.sidecar.spare).
     os.environ["PIPETUNE_SPARE_RECORDER"] = str(warm.folder / "recorder.sock")
@@ -319,9 +319,10 @@ def _train_first(args: argparse.Namespace, startup: _BackgroundStartup, server) 
     is a success even if its flow run could not be recorded (the Prefect API never
     answered, or stopped): one ``warning:`` line says what Prefect lacks, after the
     training."""
-    from flows.first import StartedStudy, flow_beside
+    from flows.beside import flow_beside
+    from flows.first import StartedStudy
     from pipetune.cli._console import FlowConsole, quiet_flow_tracebacks
-    from pipetune.events import EpochSent, StudyFinished
+    from pipetune.engine.events import EpochSent, StudyFinished
     from pipetune.session import StudyOptions, observing, open_study
     spec = startup.spec
     marks = startup.marks

@@ -45,9 +45,9 @@ class LiveDisplay:
                 self._live.console.line()
 
     def observe(self, event) -> None:
-        """A study observer (:mod:`pipetune.events`): redraw after a step, at most every
+        """A study observer (:mod:`pipetune.engine.events`): redraw after a step, at most every
         :attr:`EVERY_S` (the last step is drawn when the display closes)."""
-        from pipetune.events import Stepped
+        from pipetune.engine.events import Stepped
 
         if not isinstance(event, Stepped):
             return

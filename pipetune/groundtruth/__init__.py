@@ -225,7 +225,7 @@ class GroundTruth:
     def known(self, job_key: str, objective: str) -> GroundTruthMatch | None:
         """The best config recorded for this very job (``job_key``: the same workload,
         params and model-shaping hyperparameters, see
-        :meth:`pipetune.study.Study.job_key`), or ``None`` when none is recorded. The
+        :meth:`pipetune.engine.study.Study.job_key`), or ``None`` when none is recorded. The
         answer names the model graph signature behind it (``known_graph``), which the
         trial's first epoch confirms, and the config's one-time cost and speed-up."""
         import collections

@@ -219,7 +219,7 @@ def wait_for_command(path: str, warm_up: Callable[[], None]) -> tuple[BinaryIO, 
 
 #: What a spare imports before it waits: the sinks a study attaches, and their libraries.
 SPARE_PRELOAD = ("mlflow", "mlflow.tracking", "pandas", "pipetune.tracking.sink",
-                 "prefect.client.orchestration", "prefect.context", "tasks.task_runs",
+                 "prefect.client.orchestration", "prefect.context", "tasks.task_run_sink",
                  "tasks.epoch", "tasks.tuning")
 
 

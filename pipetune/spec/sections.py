@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from pipetune.errors import SpecError, SystemConfigError, WorkloadError
+from pipetune.policies import check_name
 from pipetune.space import Distribution, space_from_json, space_json_schema, space_to_json
 from pipetune.system.config import KNOBS, MachineInfo, SystemConfig, knob_json_schema
 
@@ -293,7 +294,9 @@ class SystemSpec(_Section):
 class SearchSpec(_Section):
     """How hyperparameter configurations are chosen."""
 
-    algorithm: Literal["random", "grid", "tpe"] = "tpe"
+    #: A built-in searcher (``random``, ``grid``, ``tpe``), one registered with
+    #: :func:`pipetune.policies.register_searcher`, or ``package.module:Factory``.
+    algorithm: str = "tpe"
     trials: int = Field(ge=1, le=100_000)
     seed: int = Field(0, ge=0, le=MAX_SEED)
     max_concurrent: int = Field(1, ge=1, le=4096)
@@ -304,6 +307,11 @@ class SearchSpec(_Section):
     #: the checkpoint store refused their checkpoint (full, read-only), whenever that
     #: happens. ``None``: ``max_concurrent + 1``; ``0``: never.
     stop_after_failures: int | None = Field(None, ge=0, le=100_000)
+
+    @field_validator("algorithm")
+    @classmethod
+    def _known_searcher(cls, value: Any) -> str:
+        return check_name("search.algorithm", value, kind="searcher")
 
     @property
     def failure_limit(self) -> int:
@@ -316,10 +324,17 @@ class SearchSpec(_Section):
 class EarlyStoppingSpec(_Section):
     """Epoch budget and early-stopping policy (``asha`` or ``none``)."""
 
-    policy: Literal["asha", "none"] = "asha"
+    #: ``asha``, ``none``, one registered with
+    #: :func:`pipetune.policies.register_scheduler`, or ``package.module:Factory``.
+    policy: str = "asha"
     min_epochs: int = Field(1, ge=1)
     max_epochs: int = Field(ge=1)
     reduction_factor: int = Field(2, ge=2)
+
+    @field_validator("policy")
+    @classmethod
+    def _known_scheduler(cls, value: Any) -> str:
+        return check_name("early_stopping.policy", value, kind="scheduler")
 
     @model_validator(mode="after")
     def _min_below_max(self) -> EarlyStoppingSpec:

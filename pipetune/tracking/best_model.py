@@ -16,8 +16,8 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pipetune.engine.study import Study, Trial
     from pipetune.runner import EpochTask
-    from pipetune.study import Study, Trial
 
 #: What the recipe loads; it runs in the folder ``best_model/`` was downloaded to.
 CHECKPOINT_FILE = "best_model.pt"

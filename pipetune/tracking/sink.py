@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipetune.errors import PipetuneError
-from pipetune.tracking import DEFAULT_EXPERIMENT, ensure_experiment, mlflow_client
 from pipetune.tracking.spool import (
     START_WAIT_ENV,
     Spool,
@@ -29,6 +28,7 @@ from pipetune.tracking.spool import (
     spool_path,
     store_unavailable,
 )
+from pipetune.tracking.store import DEFAULT_EXPERIMENT, ensure_experiment, mlflow_client
 
 if TYPE_CHECKING:
     from mlflow.entities import Metric, Param, RunTag

@@ -1,7 +1,7 @@
 """Writes that wait for the MLflow store: a study's spool, JSON lines in its folder.
 
 An MLflow tracking server can be unreachable for minutes (a deploy, a restart), and a
-SQLite store can stay locked past :data:`~pipetune.tracking.LOCKED_BACKOFF_S`. A
+SQLite store can stay locked past :data:`~pipetune.tracking.store.LOCKED_BACKOFF_S`. A
 :class:`~pipetune.tracking.sink.MlflowSink` given a spool then appends each write it
 cannot make, and every write after it, to ``$PIPETUNE_HOME/studies/<study_id>/``
 :data:`SPOOL_FILE`, and sends them in order once the store answers. A study that ends

@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING, Any
 
 from pipetune.errors import refused_by_store
 from pipetune.states import Phase, TrialState
-from pipetune.tracking import DEFAULT_EXPERIMENT, mlflow_client
 from pipetune.tracking.sink import MlflowSink
 from pipetune.tracking.spool import SpoolNote, spool_path
+from pipetune.tracking.store import DEFAULT_EXPERIMENT, mlflow_client
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
+    from pipetune.engine.study import Study, Trial
     from pipetune.runner import EpochResult
     from pipetune.spec import JobSpec
-    from pipetune.study import Study, Trial
 
 logger = logging.getLogger(__name__)
 

@@ -117,6 +117,14 @@ def resolve_workload(name: str) -> type[Workload]:
             f"unknown workload {name!r}; built-ins: {', '.join(BUILTIN_WORKLOADS)}, "
             f"or give an import path package.module:Class"
         )
+    from pipetune._own_packages import OWN_PACKAGES
+
+    top = name.partition(":")[0].strip().split(".", 1)[0]
+    if top in OWN_PACKAGES:
+        raise WorkloadError(
+            f"workload {name!r}: {top!r} is one of pipetune's own packages "
+            f"({', '.join(sorted(OWN_PACKAGES))}), which a module of yours cannot stand in "
+            "for; rename your module")
     policy = confine.active()
     if policy is not None:  # a deployment run: refuse a module it may not import, unrun
         policy.check_workload(name)

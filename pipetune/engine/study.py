@@ -11,7 +11,7 @@ else, one finished epoch per :meth:`Study.step`::
 Searcher, scheduler and system tuner are policies consulted here; they never train,
 submit or log. The engine writes the ground truth (a store, not a log) when the tuner
 says which config to record. Everything else hears what happened from the engine's
-events (:mod:`pipetune.events`): ``study.observe(fn)``. The journal, the MLflow record,
+events (:mod:`pipetune.engine.events`): ``study.observe(fn)``. The journal, the MLflow record,
 the live table and the Prefect flow's task runs are observers; none calls back in.
 """
 
@@ -23,8 +23,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from pipetune.errors import refused_by_store
-from pipetune.events import (
+from pipetune.engine.events import (
     Broke,
     Decided,
     EpochFailed,
@@ -38,23 +37,24 @@ from pipetune.events import (
     TrialStarted,
     Unconfirmed,
 )
-from pipetune.journal import JournalError
-from pipetune.one_time import OneTimeLedger
-from pipetune.replay import replayable, store_refused
+from pipetune.engine.journal import JournalError
+from pipetune.engine.one_time import OneTimeLedger
+from pipetune.engine.replay import replayable, store_refused
+from pipetune.engine.trial import StepEvent, Trial
+from pipetune.errors import refused_by_store
 from pipetune.reports import StudySummary, study_summary
 from pipetune.runner import EpochFailure, EpochResult, EpochTask
-from pipetune.schedulers import Decision, make_scheduler
-from pipetune.searchers import TrialState, make_searcher
+from pipetune.schedulers import Decision, Scheduler, make_scheduler
+from pipetune.searchers import Searcher, TrialState, make_searcher
 from pipetune.spec import split_system_params
 from pipetune.system.config import ONE_TIME_KNOBS, MachineInfo, SystemConfig
-from pipetune.trial import StepEvent, Trial
 from pipetune.tuner import EpochObservation, GroundTruthMatch, Phase, SystemTuner, TuningDecision
 
 if TYPE_CHECKING:
     from pipetune.backends import EpochBackend
     from pipetune.checkpoints import CheckpointStore
+    from pipetune.engine.journal import Event, StudyJournal
     from pipetune.groundtruth import GroundTruth
-    from pipetune.journal import Event, StudyJournal
     from pipetune.spec import JobSpec
 
 __all__ = ["Broken", "StepEvent", "Study", "StudyStuck", "StudySummary", "Trial",
@@ -108,6 +108,8 @@ class Study:
         core_budget: int | None = None,
         machine: MachineInfo | None = None,
         journal: StudyJournal | None = None,
+        searcher: Searcher | None = None,
+        scheduler: Scheduler | None = None,
     ):
         self.spec = spec
         self.study_id = study_id
@@ -118,14 +120,17 @@ class Study:
         self.metric = spec.objective.metric
         self.mode = spec.objective.mode
         self.objective = spec.objective.system
-        self.searcher = make_searcher(
+        # Policies handed over as objects are used as they are; otherwise the job's
+        # names resolve through pipetune.policies (built-in, registered, import path).
+        self.searcher = searcher if searcher is not None else make_searcher(
             spec.search.algorithm,
             spec.hyperparameters,
             mode=self.mode,
             seed=spec.search.seed,
             grid_points=spec.search.grid_points,
         )
-        self.scheduler = make_scheduler(spec.early_stopping, self.mode)
+        self.scheduler = scheduler if scheduler is not None else make_scheduler(
+            spec.early_stopping, self.mode)
         self.tuner = SystemTuner(
             spec.system.default,
             spec.system.space,
@@ -317,7 +322,7 @@ class Study:
     # -- what came back -------------------------------------------------------------
     def on_epoch_done(self, result: EpochResult) -> Decision:
         """Record a finished epoch; return whether the trial goes on (the scheduler's call).
-        Observers hear of it (:class:`~pipetune.events.EpochFinished`) before any policy
+        Observers hear of it (:class:`~pipetune.engine.events.EpochFinished`) before any policy
         is consulted, so a record of it survives a failing policy."""
         self._in_flight.pop((result.trial_id, result.epoch), None)
         if (result.trial_id, result.epoch) in self.epoch_times:
@@ -566,7 +571,7 @@ class Study:
 
     def _note_one_time(self, trial: Trial, result: EpochResult) -> None:
         """A trial's first epoch under a one-time knob: what its worker paid, for the
-        trials that come to that worker later (:class:`~pipetune.one_time.OneTimeLedger`)."""
+        trials that come to that worker later (:class:`~pipetune.engine.one_time.OneTimeLedger`)."""
         knobs = result.system.one_time_knobs()
         earlier = trial.results[:-1]
         if not knobs or (earlier and earlier[-1].system.one_time_knobs() == knobs
@@ -616,7 +621,7 @@ class Study:
     # -- events and the journal -------------------------------------------------------
     def observe(self, observer: Observer) -> Observer:
         """``observer(event)`` hears every event from now on, in order, before the
-        engine acts on the next thing (:mod:`pipetune.events`); returns it."""
+        engine acts on the next thing (:mod:`pipetune.engine.events`); returns it."""
         self._observers.append(observer)
         return observer
 
@@ -642,8 +647,8 @@ class Study:
         checkpoint. A running trial whose newest checkpoints never reached storage
         (a journal of a pipetune that wrote them in the background, or a store that
         lost them) gives those epochs back: they run again
-        (:func:`pipetune.replay.replayable`). A trial that failed because the checkpoint
-        store refused its checkpoint (:func:`pipetune.replay.store_refused`) was not at
+        (:func:`pipetune.engine.replay.replayable`). A trial that failed because the checkpoint
+        store refused its checkpoint (:func:`pipetune.engine.replay.store_refused`) was not at
         fault: it goes on from its last checkpoint on storage."""
         if self.trials:
             raise JournalError("replay needs a fresh study")
@@ -757,7 +762,7 @@ class Study:
     ) -> Study:
         """Step until the study is done. ``on_step`` sees what each step did;
         ``on_result(trial, result)`` each finished epoch before any policy runs (a
-        shorthand for observing :class:`~pipetune.events.EpochFinished`). On any error
+        shorthand for observing :class:`~pipetune.engine.events.EpochFinished`). On any error
         the backend's running epochs are cancelled."""
         def results(event: StudyEvent) -> None:
             if isinstance(event, EpochFinished) and on_result is not None:

@@ -1,6 +1,6 @@
 """Resuming a study: which of its journal's events to replay.
 
-:meth:`pipetune.study.Study.replay` feeds them to a fresh engine; this module decides,
+:meth:`pipetune.engine.study.Study.replay` feeds them to a fresh engine; this module decides,
 from the events alone and what storage holds, which of them still stand.
 """
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from pipetune.errors import refused_by_store
 
 if TYPE_CHECKING:
-    from pipetune.journal import Event
+    from pipetune.engine.journal import Event
 
 
 def store_refused(event: Event) -> bool:

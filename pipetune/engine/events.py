@@ -1,14 +1,14 @@
 """What a study's engine emits: one event per thing that happened, to its observers.
 
-The engine (:class:`pipetune.study.Study`) decides and keeps state; it does not
+The engine (:class:`pipetune.engine.study.Study`) decides and keeps state; it does not
 record, display or write task runs. It tells its observers (``study.observe(fn)``)
 what happened, in order, synchronously: each observer has seen an event before the
-engine acts on the next thing. The journal (:meth:`pipetune.journal.StudyJournal.observe`),
+engine acts on the next thing. The journal (:meth:`pipetune.engine.journal.StudyJournal.observe`),
 the MLflow record, the command line's live table, the Prefect flow's task runs and the
 bench are observers.
 
 Events that change the engine's state carry a ``journal_kind``: the journal appends
-them, and a resumed study replays them (:meth:`pipetune.study.Study.replay`). The
+them, and a resumed study replays them (:meth:`pipetune.engine.study.Study.replay`). The
 others (an epoch sent, a trial ended, a step done) are derived and not journaled.
 
 A lookup and a decision carry when they started and ended (``time.time()``), so an
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    from pipetune.engine.study import Study
+    from pipetune.engine.trial import Trial
     from pipetune.runner import EpochResult, EpochTask
-    from pipetune.study import Study
-    from pipetune.trial import Trial
     from pipetune.tuner import GroundTruthMatch, TuningDecision
 
 

@@ -1,6 +1,6 @@
 """A study's journal: every engine event, appended as it happens, so a study resumes.
 
-The engine (:class:`pipetune.study.Study`) is deterministic given its spec, its seeds
+The engine (:class:`pipetune.engine.study.Study`) is deterministic given its spec, its seeds
 and the order of what it was told: which trial the searcher proposed, each finished
 or failed epoch, each ground-truth match and tuning decision. The journal appends
 those events, one line each, flushed before the engine acts on the next one; a
@@ -40,7 +40,7 @@ from pipetune.states import GroundTruthMatch
 from pipetune.tuner import TuningDecision
 
 if TYPE_CHECKING:
-    from pipetune.events import StudyEvent
+    from pipetune.engine.events import StudyEvent
 
 #: Header states ``--resume`` without a study id picks from (``finished`` is the other).
 UNFINISHED = ("running", "stopped", "failed")
@@ -137,7 +137,7 @@ class StudyJournal:
             self._fh.flush()
 
     def observe(self, event: StudyEvent) -> None:
-        """An engine observer (:mod:`pipetune.events`): append the events a resumed
+        """An engine observer (:mod:`pipetune.engine.events`): append the events a resumed
         study replays."""
         if event.journaled:
             self.append(event.journal_kind, event.trial_id, event.journal_data())

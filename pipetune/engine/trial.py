@@ -1,7 +1,7 @@
 """A trial as the engine keeps it (params, seed, state, everything observed), and
 what one engine step did to a trial.
 
-The engine (:class:`pipetune.study.Study`) writes them; the executors' callbacks,
+The engine (:class:`pipetune.engine.study.Study`) writes them; the executors' callbacks,
 tracking, reports and the benchmark read them.
 """
 
@@ -84,7 +84,7 @@ class Trial:
 
 @dataclass(frozen=True)
 class StepEvent:
-    """What one :meth:`pipetune.study.Study.step` did: the trial whose epoch finished,
+    """What one :meth:`pipetune.engine.study.Study.step` did: the trial whose epoch finished,
     that epoch's result (None when it failed), and whether the trial has now ended."""
 
     trial: Trial

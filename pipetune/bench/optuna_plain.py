@@ -1,0 +1,460 @@
+"""Strategy ``optuna-plain``: what a user would write instead of pipetune.
+
+A plain, in-process Optuna study of the *same* workload code a pipetune job runs
+(:class:`pipetune.spec.JobSpec`): TPE seeded with ``search.seed``, successive halving
+configured from the job's ASHA settings (``early_stopping.min_epochs`` ->
+``min_resource``, ``reduction_factor`` -> ``reduction_factor``; ``policy: none`` -> no
+pruning), ``study.optimize(objective, n_trials=search.trials, n_jobs=<cores>)`` with
+every trial training on one torch thread. No Prefect, Dask, MLflow, profiler, system
+tuner or checkpoints: the model of a trial lives in its thread for all its epochs.
+
+Each trial builds its workload the way the pipetune epoch runner does
+(``resolve_workload(name)(**params)``, ``setup(hparams, seed)`` with the seed formula
+of :mod:`pipetune.engine.study`), then per epoch ``train_epoch(system)`` and
+``evaluate(system)`` under ``system.default``, ``trial.report(value, epoch)`` and, at
+epochs below ``max_epochs`` (ASHA's rungs are strictly below it),
+``trial.should_prune()``. System knobs are never tuned: a space holding
+``system.<knob>`` entries is a :class:`ValueError`.
+
+Run in a fresh process for an honest whole-process time (imports included)::
+
+    python -m pipetune.bench.optuna_plain JOB.yaml [--trials N] [--jobs N] [--json OUT]
+                                             [--started EPOCH_SECONDS]
+
+It prints :meth:`OptunaPlainResult.to_dict` as JSON on stdout. ``JOB`` is read with
+:func:`pipetune.spec.load_spec` (YAML or JSON, no extra sections such as ``bench``):
+a caller holding a :class:`JobSpec` can write ``spec.to_dict()`` as JSON and pass that.
+:func:`run_subprocess` does all of this and reads the result back.
+"""
+
+from __future__ import annotations
+
+import time
+
+#: When this module started importing: ``main`` measures ``process_wall_s`` from here
+#: (or from ``--started``), so heavy imports below it are part of the process time.
+_MODULE_STARTED = time.time()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Mapping, Sequence  # noqa: E402
+from dataclasses import asdict, dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
+
+if TYPE_CHECKING:
+    from pipetune.space import Distribution
+    from pipetune.spec import JobSpec
+
+STRATEGY = "optuna-plain"
+#: torch intra-op threads per trial (the user's "1 thread x N jobs").
+THREADS_PER_TRIAL = 1
+
+
+@dataclass(frozen=True)
+class OptunaTrialRow:
+    """One Optuna trial: ``number`` (0, 1, ...; pipetune's ``trial_id``), its
+    ``params``, ``epochs`` trained, ``value`` (the objective after its last epoch, None
+    when it trained none) and ``state`` (``COMPLETE``, ``PRUNED`` or ``FAIL``)."""
+
+    number: int
+    params: dict[str, Any]
+    epochs: int
+    value: float | None
+    state: str
+    seed: int
+    duration_s: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class OptunaPlainResult:
+    """What an ``optuna-plain`` run did.
+
+    ``tuning_wall_s``: wall time of ``study.optimize`` alone. ``process_wall_s``: from
+    the caller's start time (default: when :func:`run_optuna_plain` was called; in
+    ``main``, module import or ``--started``) to the end, so imports count in a fresh
+    process. ``best_value`` / ``best_params``: the best *completed* trial (None when
+    none completed). ``epochs_run``: epochs trained, summed over trials. ``cores``:
+    usable cores detected; ``n_jobs``: trials run at once.
+    """
+
+    job: str
+    metric: str
+    mode: str
+    tuning_wall_s: float
+    process_wall_s: float
+    best_value: float | None
+    best_params: dict[str, Any] | None
+    best_trial: int | None
+    trials: int
+    completed: int
+    pruned: int
+    failed: int
+    epochs_run: int
+    max_epochs: int
+    cores: int
+    n_jobs: int
+    threads_per_trial: int = THREADS_PER_TRIAL
+    sampler: str = ""
+    pruner: str = ""
+    strategy: str = STRATEGY
+    rows: list[OptunaTrialRow] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data; :meth:`from_dict` reads it back."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> OptunaPlainResult:
+        values = dict(data)
+        values["rows"] = [OptunaTrialRow(**row) for row in values.get("rows", [])]
+        return cls(**values)
+
+
+# -- the pieces ------------------------------------------------------------------------
+
+
+def trial_seed(spec: JobSpec, number: int) -> int:
+    """The training seed of trial ``number``: the formula of :mod:`pipetune.engine.study`."""
+    return spec.search.seed * 100_003 + number
+
+
+def check_space(spec: JobSpec) -> None:
+    """Raise :class:`ValueError` when the space holds ``system.<knob>`` entries:
+    optuna-plain tunes hyperparameters only, under ``system.default``."""
+    from pipetune.spec import SYSTEM_HPARAM_PREFIX
+
+    knobs = [n for n in spec.hyperparameters if n.startswith(SYSTEM_HPARAM_PREFIX)]
+    if knobs:
+        raise ValueError(
+            f"{STRATEGY} tunes hyperparameters only, never system knobs; job "
+            f"{spec.name!r} has {', '.join(knobs)} in its hyperparameter space "
+            "(remove them: every epoch runs under system.default)"
+        )
+
+
+def suggest(trial: Any, name: str, dist: Distribution) -> Any:
+    """``dist`` (a :mod:`pipetune.space` distribution) drawn with the matching
+    ``trial.suggest_*``."""
+    from pipetune.space import Choice, IntUniform, LogUniform, Uniform
+
+    if isinstance(dist, Choice):
+        return trial.suggest_categorical(name, list(dist.values))
+    if isinstance(dist, LogUniform):
+        return trial.suggest_float(name, float(dist.low), float(dist.high), log=True)
+    if isinstance(dist, Uniform):
+        return trial.suggest_float(name, float(dist.low), float(dist.high))
+    if isinstance(dist, IntUniform):
+        return trial.suggest_int(name, dist.low, dist.high, log=dist.log)
+    raise TypeError(f"hyperparameter {name!r}: no Optuna equivalent for {dist!r}")
+
+
+def suggest_params(trial: Any, space: Mapping[str, Distribution]) -> dict[str, Any]:
+    """One value per hyperparameter of ``space``, in its order."""
+    return {name: suggest(trial, name, dist) for name, dist in space.items()}
+
+
+def make_pruner(spec: JobSpec) -> Any:
+    """Successive halving from the job's ASHA settings, or no pruning for ``none``."""
+    import optuna
+
+    es = spec.early_stopping
+    if es.policy == "none":
+        return optuna.pruners.NopPruner()
+    return optuna.pruners.SuccessiveHalvingPruner(
+        min_resource=es.min_epochs,
+        reduction_factor=es.reduction_factor,
+        min_early_stopping_rate=0,
+    )
+
+
+def make_objective(spec: JobSpec) -> Any:
+    """The Optuna objective: one trial of ``spec``'s workload, up to ``max_epochs``
+    epochs, pruned by the study's pruner. Records ``epochs`` and ``seed`` as user
+    attributes of the trial (kept for pruned and failed trials too)."""
+    import optuna
+    import torch
+
+    from pipetune.system.apply import applied_context
+    from pipetune.workloads import resolve_workload
+
+    workload_cls = resolve_workload(spec.workload.name)
+    # Threads are set per trial below (not by applied_system_config, which changes them
+    # for the whole process); the rest of the config reaches the workload as a context.
+    system = applied_context(spec.system.default)
+    metric = spec.objective.metric
+    max_epochs = spec.early_stopping.max_epochs
+
+    def objective(trial: optuna.Trial) -> float:
+        # Optuna runs n_jobs trials in threads of one process; each trains on one thread.
+        torch.set_num_threads(THREADS_PER_TRIAL)
+        params = suggest_params(trial, spec.hyperparameters)
+        seed = trial_seed(spec, trial.number)
+        trial.set_user_attr("seed", seed)
+        trial.set_user_attr("epochs", 0)
+        workload = workload_cls(**spec.workload.params)
+        workload.setup(params, seed)
+        value = float("nan")
+        for epoch in range(1, max_epochs + 1):
+            workload.train_epoch(system, on_step=None)
+            metrics = workload.evaluate(system)
+            value = float(metrics[metric])
+            trial.set_user_attr("epochs", epoch)
+            if not math.isfinite(value):
+                return value  # Optuna records a non-finite value as a failed trial
+            trial.report(value, epoch)
+            # ASHA's rungs lie strictly below max_epochs: a trial that reached the last
+            # epoch has done all its work, and completes.
+            if epoch < max_epochs and trial.should_prune():
+                raise optuna.TrialPruned(f"pruned after epoch {epoch}: {metric}={value:g}")
+        return value
+
+    return objective
+
+
+def _row(trial: Any) -> OptunaTrialRow:
+    value: float | None = None
+    if trial.value is not None:
+        value = float(trial.value)
+    elif trial.intermediate_values:
+        value = float(trial.intermediate_values[max(trial.intermediate_values)])
+    if value is not None and not math.isfinite(value):
+        value = None
+    duration = trial.duration.total_seconds() if trial.duration is not None else None
+    return OptunaTrialRow(
+        number=trial.number,
+        params=dict(trial.params),
+        epochs=int(trial.user_attrs.get("epochs", 0)),
+        value=value,
+        state=trial.state.name,
+        seed=int(trial.user_attrs.get("seed", -1)),
+        duration_s=duration,
+        error=trial.user_attrs.get("error"),
+    )
+
+
+# -- the run ---------------------------------------------------------------------------
+
+
+#: A line that names an exception: ``ValueError: ...`` or ``pkg.mod.SomeError: ...`` as
+#: a traceback ends, or a bare ``KeyboardInterrupt``.
+_EXCEPTION_LINE = re.compile(
+    r"^(?:[A-Za-z_]\w*\.)*(?:\w*(?:Error|Exception|Interrupt|Exit|Failure)|Broken\w*)"
+    r"(?::|$)")
+
+
+def failure_line(stderr: str, limit: int = 300, strategy: str = STRATEGY) -> str:
+    """The line of a failed child's ``stderr`` that says what went wrong: the last one
+    naming an exception (how a traceback ends) or the strategy's own ``<strategy>: ...``
+    refusal, else the last line; cut at ``limit`` characters.
+
+    >>> failure_line("Traceback (most recent call last):\\n  ...\\nZeroDivisionError: x\\n")
+    'ZeroDivisionError: x'
+    """
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    pick = next((line for line in reversed(lines)
+                 if _EXCEPTION_LINE.match(line) or line.startswith(f"{strategy}: ")),
+                lines[-1] if lines else "nothing on stderr")
+    return pick if len(pick) <= limit else pick[: limit - 3].rstrip() + "..."
+
+
+class OptunaRunFailed(RuntimeError):
+    """The ``optuna-plain`` child process failed: ``exit_code`` (negative: killed by that
+    signal), ``reason`` (one line, :func:`failure_line`), ``stderr_tail`` (its last
+    2000 characters)."""
+
+    def __init__(self, exit_code: int, stderr: str):
+        self.exit_code = exit_code
+        self.reason = failure_line(stderr)
+        self.stderr_tail = stderr.strip()[-2000:]
+        super().__init__(f"{STRATEGY} run failed (exit {exit_code}): {self.stderr_tail}")
+
+    def __reduce__(self):
+        return (type(self), (self.exit_code, self.stderr_tail))
+
+
+def run_optuna_plain(
+    spec: JobSpec,
+    *,
+    n_jobs: int | None = None,
+    trials: int | None = None,
+    started: float | None = None,
+    cores: int | None = None,
+) -> OptunaPlainResult:
+    """Tune ``spec``'s hyperparameters with a plain in-process Optuna study.
+
+    ``trials`` defaults to ``search.trials``; ``cores`` to ``MachineInfo.detect().cores``;
+    ``n_jobs`` (trials at once, threads) to ``cores``. ``started`` is a
+    :func:`time.time` stamp that ``process_wall_s`` counts from (default: now). A trial
+    that raises is recorded as ``FAIL`` and the study goes on.
+    """
+    started = time.time() if started is None else started
+    check_space(spec)
+    trials = spec.search.trials if trials is None else trials
+    if trials < 1:
+        raise ValueError(f"trials must be >= 1, got {trials}")
+    if cores is None:
+        from pipetune.system.config import MachineInfo
+
+        cores = MachineInfo.detect().cores
+    n_jobs = cores if n_jobs is None else n_jobs
+    if n_jobs < 1:
+        raise ValueError(f"n_jobs must be >= 1, got {n_jobs}")
+
+    import optuna
+
+    sampler = optuna.samplers.TPESampler(seed=spec.search.seed)
+    pruner = make_pruner(spec)
+    direction = "maximize" if spec.objective.mode == "max" else "minimize"
+    study = optuna.create_study(direction=direction, sampler=sampler, pruner=pruner)
+    objective = make_objective(spec)
+
+    def recorded(trial: optuna.Trial) -> float:
+        try:
+            return objective(trial)
+        except optuna.TrialPruned:
+            raise
+        except Exception as e:  # noqa: BLE001 - recorded, then re-raised for Optuna
+            trial.set_user_attr("error", f"{type(e).__name__}: {e}")
+            raise
+
+    t0 = time.perf_counter()
+    study.optimize(recorded, n_trials=trials, n_jobs=n_jobs, catch=(Exception,))
+    tuning_wall_s = time.perf_counter() - t0
+
+    rows = [_row(t) for t in sorted(study.trials, key=lambda t: t.number)]
+    states = [r.state for r in rows]
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    best = study.best_trial if complete else None
+    es = spec.early_stopping
+    pruner_text = (
+        "none"
+        if es.policy == "none"
+        else f"SuccessiveHalving(min_resource={es.min_epochs}, "
+        f"reduction_factor={es.reduction_factor})"
+    )
+    return OptunaPlainResult(
+        job=spec.name,
+        metric=str(spec.objective.metric),
+        mode=spec.objective.mode,
+        tuning_wall_s=tuning_wall_s,
+        process_wall_s=time.time() - started,
+        best_value=float(best.value) if best is not None else None,
+        best_params=dict(best.params) if best is not None else None,
+        best_trial=best.number if best is not None else None,
+        trials=len(rows),
+        completed=states.count("COMPLETE"),
+        pruned=states.count("PRUNED"),
+        failed=states.count("FAIL"),
+        epochs_run=sum(r.epochs for r in rows),
+        max_epochs=es.max_epochs,
+        cores=cores,
+        n_jobs=n_jobs,
+        sampler=f"TPE(seed={spec.search.seed})",
+        pruner=pruner_text,
+        rows=rows,
+    )
+
+
+def run_subprocess(
+    job_path: str | Path,
+    *,
+    trials: int | None = None,
+    n_jobs: int | None = None,
+    timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+) -> OptunaPlainResult:
+    """Run :func:`main` in a fresh Python process and read its result back.
+
+    ``process_wall_s`` then counts from just before the process is spawned (interpreter
+    start and every import included). Raises :class:`OptunaRunFailed` (a
+    :class:`RuntimeError` with the child's stderr tail and, as ``reason``, the one line
+    that says what went wrong) when it fails.
+    """
+    import os
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="pipetune-optuna-plain-") as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, "-m", "pipetune.bench.optuna_plain", str(job_path),
+               "--json", str(out)]
+        if trials is not None:
+            cmd += ["--trials", str(trials)]
+        if n_jobs is not None:
+            cmd += ["--jobs", str(n_jobs)]
+        cmd += ["--started", repr(time.time())]
+        proc = subprocess.run(  # noqa: S603 - our own interpreter and module
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=dict(os.environ if env is None else env),
+            check=False,
+        )
+        if proc.returncode != 0 or not out.exists():
+            raise OptunaRunFailed(proc.returncode, proc.stderr)
+        return OptunaPlainResult.from_dict(json.loads(out.read_text(encoding="utf-8")))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m pipetune.bench.optuna_plain JOB [--trials N] [--jobs N] [--json OUT]``:
+    run the study and print its result as JSON. Exit 2 on a bad job or arguments."""
+    parser = argparse.ArgumentParser(
+        prog="python -m pipetune.bench.optuna_plain",
+        description=f"Strategy {STRATEGY}: a plain in-process Optuna study of a pipetune job.",
+    )
+    parser.add_argument("job", help="job file (YAML or JSON), read with pipetune.spec.load_spec")
+    parser.add_argument("--trials", type=int, default=None, help="default: search.trials")
+    parser.add_argument("--jobs", type=int, default=None, help="trials at once (default: cores)")
+    parser.add_argument("--json", dest="json_out", default=None, help="also write the JSON here")
+    parser.add_argument(
+        "--started", type=float, default=None,
+        help="time.time() stamp process_wall_s counts from (default: module import)",
+    )
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    started = _MODULE_STARTED if args.started is None else args.started
+
+    from pipetune.errors import PipetuneError
+    from pipetune.spec import load_spec
+
+    try:
+        spec = load_spec(args.job)
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        result = run_optuna_plain(spec, n_jobs=args.jobs, trials=args.trials, started=started)
+    except (PipetuneError, ValueError) as e:
+        print(f"{STRATEGY}: {e}", file=sys.stderr)
+        return 2
+    text = json.dumps(result.to_dict(), indent=2, allow_nan=False)
+    if args.json_out:
+        Path(args.json_out).write_text(text + "\n", encoding="utf-8")
+    print(text)
+    return 0
+
+
+__all__ = [
+    "STRATEGY",
+    "OptunaPlainResult",
+    "OptunaRunFailed",
+    "OptunaTrialRow",
+    "check_space",
+    "failure_line",
+    "main",
+    "make_objective",
+    "make_pruner",
+    "run_optuna_plain",
+    "run_subprocess",
+    "suggest",
+    "suggest_params",
+    "trial_seed",
+]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
