@@ -78,20 +78,22 @@ def scheduler_names() -> tuple[str, ...]:
 
 
 def check_name(field: str, value: Any, *, kind: str) -> str:
-    """``value`` if it is a registered ``kind`` name (``searcher``/``scheduler``) or an
-    import path; else :class:`SpecError` for ``field`` saying what is allowed."""
-    names = searcher_names() if kind == "searcher" else scheduler_names()
+    """``value`` if it is a registered ``kind`` name (``searcher``/``scheduler``; any
+    other kind, e.g. ``tracker``, has no names) or an import path; else
+    :class:`SpecError` for ``field`` saying what is allowed."""
+    names = {"searcher": searcher_names, "scheduler": scheduler_names}.get(kind, tuple)()
     if isinstance(value, str) and (value in names or _IMPORT_PATH.match(value)):
         return value
-    raise SpecError(field, f"must be one of {', '.join(names)} or an import path "
-                           f"package.module:Factory to a {kind} of your own, got {value!r}")
+    known = f"one of {', '.join(names)} or " if names else ""
+    raise SpecError(field, f"must be {known}an import path package.module:Factory to a "
+                           f"{kind} of your own, got {value!r}")
 
 
 def factory(field: str, value: str, *, kind: str) -> Callable[..., Any]:
     """What ``value`` names (see :func:`check_name`), imported now."""
     check_name(field, value, kind=kind)
     with _lock:
-        found = (_SEARCHERS if kind == "searcher" else _SCHEDULERS).get(value, value)
+        found = {"searcher": _SEARCHERS, "scheduler": _SCHEDULERS}.get(kind, {}).get(value, value)
     if callable(found):
         return found
     module, _, attr = found.partition(":")

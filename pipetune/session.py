@@ -23,11 +23,12 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipetune.errors import BrokenWorkload, CheckpointWriteError, PipetuneError
+from pipetune.errors import BrokenWorkload, CheckpointWriteError, PipetuneError, SpecError
 from pipetune.states import TrialState
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from pipetune.engine.trial import Trial
     from pipetune.spec import JobSpec, SpaceDrop
     from pipetune.tracking import StudyTracker
+    from pipetune.tracking.api import Tracker
 
 #: The attribute a log record carries (through ``extra``) for a line meant for a person
 #: at the terminal: the command line prints it as its own ``warning:`` line.
@@ -116,7 +118,9 @@ def check_study(spec: JobSpec, options: StudyOptions) -> None:
     # A searcher or scheduler of the user's own (an import path) must import.
     for name, value, kind in (("search.algorithm", spec.search.algorithm, "searcher"),
                               ("early_stopping.policy", spec.early_stopping.policy,
-                               "scheduler")):
+                               "scheduler"),
+                              *((f"tracking.trackers[{i}]", path, "tracker")
+                                for i, path in enumerate(spec.tracking.trackers))):
         if ":" in value:
             factory(name, value, kind=kind)
     if options.resume:
@@ -230,6 +234,9 @@ def open_study(spec: JobSpec, options: StudyOptions, *, policy: Any = None,
                  study.resumed_epochs)
     tracker.reopen_trials(
         [t.trial_id for t in study.trials.values() if t.state == TrialState.RUNNING])
+    # Trackers of the job's own (tracking.trackers) hear the events from here on.
+    trackers = [_own_tracker(i, path, spec, study_id, journal.folder)
+                for i, path in enumerate(spec.tracking.trackers)]
     ids = {} if options.start_first else {"parent_run_id": tracker.parent_run_id}
     journal.update(status="running", reason=None, flow_run_id=options.runner_id, **ids)
     refused: list[BaseException] = []
@@ -241,7 +248,21 @@ def open_study(spec: JobSpec, options: StudyOptions, *, policy: Any = None,
              ids.get("parent_run_id", "opened beside it"))
     return OpenedStudy(study=study, journal=journal, tracker=tracker, checkpoints=checkpoints,
                        client=client, tracking_uri=tracking_uri, dropped=tuple(dropped),
-                       log=log, refused=refused)
+                       log=log, refused=refused, trackers=trackers)
+
+
+def _own_tracker(i: int, path: str, spec: JobSpec, study_id: str, folder: Path) -> Tracker:
+    """The job's tracker ``tracking.trackers[i]`` (an import path), built for this study."""
+    from pipetune.policies import factory
+    from pipetune.tracking.api import Tracker
+
+    field_name = f"tracking.trackers[{i}]"
+    made = factory(field_name, path, kind="tracker")(spec=spec, study_id=study_id,
+                                                      folder=folder)
+    if not isinstance(made, Tracker):
+        raise SpecError(field_name, f"{path!r} made a {type(made).__name__}, not a "
+                                    "pipetune.tracking.Tracker")
+    return made
 
 
 def _note_run_id_when_open(journal: StudyJournal, tracker: StudyTracker,
@@ -284,6 +305,8 @@ class OpenedStudy:
     #: What refused the study's MLflow run when it was opened beside the training
     #: (:attr:`StudyOptions.start_first`): the study stops with it.
     refused: list[BaseException] = field(default_factory=list)
+    #: The job's own trackers (``tracking.trackers``), beside MLflow's :attr:`tracker`.
+    trackers: list[Tracker] = field(default_factory=list)
 
     @property
     def study_id(self) -> str:
@@ -328,8 +351,8 @@ class OpenedStudy:
         from pipetune.reports import load_in_background, orchestration_overhead, overhead_summary
 
         study, tracker, log = self.study, self.tracker, self.log
-        attached = [study.observe(self._record), *map(study.observe, observers),
-                    *map(study.observe, _OBSERVING.get())]
+        attached = [study.observe(self._record), *map(study.observe, self.trackers),
+                    *map(study.observe, observers), *map(study.observe, _OBSERVING.get())]
         if study.ground_truth is not None:  # fit its clusters while epoch 1 runs
             study.ground_truth.prepare_in_background()
         load_in_background()  # what the end draws with, loaded while it trains
@@ -365,6 +388,7 @@ class OpenedStudy:
                 backend.cancel()
             tracker.fail(status="KILLED" if stopped else "FAILED",
                          timeout=3 if stopped else 120, reason=reason)
+            self._end_trackers(lambda t: t.failed("KILLED" if stopped else "FAILED", reason))
             with contextlib.suppress(Exception):  # a run opened beside the study: its id
                 if self._run_ids_known():
                     self.journal.update(**self._run_ids_known())
@@ -386,25 +410,36 @@ class OpenedStudy:
         summary = study.summary()
         self._say_summary(summary, wall_s)
         result = self._summary_dict(summary, started, wall_s, extra, timings)
+        self._end_trackers(lambda t: t.finished(result))
         finished = StudyFinished(summary=result)
         for observer in (*observers, *_OBSERVING.get()):
             observer(finished)
         return result
 
+    def _end_trackers(self, end: Callable[[Tracker], None]) -> None:
+        """``end(tracker)`` then ``close()`` for each of the job's own trackers; one that
+        raises is one line, and the others still end (the study is over either way)."""
+        for tracker in self.trackers:
+            for step in (end, type(tracker).close):
+                try:
+                    step(tracker)
+                except Exception as e:  # noqa: BLE001 - a tracker of the user's own
+                    self.log.warning("tracker %s: %s: %s", type(tracker).__name__,
+                                     type(e).__name__, e, extra=NOTICE)
+                    break
+
     # -- what it records, says and returns -------------------------------------------------
     def _record(self, event: StudyEvent) -> None:
         """The study's own observer: each finished epoch and ended trial into MLflow, an
         ended trial's other checkpoints pruned, one line per ended trial."""
-        from pipetune.engine.events import EpochFinished, TrialEnded
+        from pipetune.engine.events import TrialEnded
 
         study = self.study
         if self.refused:  # the tracking store never opened the study's run
             raise self.refused[0]
-        if isinstance(event, EpochFinished):
-            self.tracker.log_epoch(event.trial, event.result)
-        elif isinstance(event, TrialEnded):
+        self.tracker(event)  # MLflow's record: the epoch's metrics, the trial's outcome
+        if isinstance(event, TrialEnded):
             self._say_ended(event.trial)
-            self.tracker.end_trial(event.trial, metric=study.metric)
             self.checkpoints.prune_trial(event.trial.results, study.metric, study.mode)
 
     def _say_ended(self, trial: Trial) -> None:

@@ -1,6 +1,6 @@
 """The states and answers every layer shares: an epoch's phase, a trial's state, the
-ground truth's answer for a profile. The lowest module of the library: it imports
-only the system config."""
+ground truth's answer for a profile. Low in the library's layers (above only the
+system config and the errors, which is all it imports)."""
 
 from __future__ import annotations
 

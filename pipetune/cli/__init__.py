@@ -3,7 +3,7 @@
 One module per command group (:mod:`~pipetune.cli.tune`, :mod:`~pipetune.cli.ui`,
 :mod:`~pipetune.cli.tracking`, :mod:`~pipetune.cli.groundtruth`,
 :mod:`~pipetune.cli.bench`, :mod:`~pipetune.cli.deploy`). It is the only part of
-``pipetune/`` allowed to import ``flows``, ``tasks`` or ``deployments`` (and through
+``pipetune/`` allowed to import ``flows`` or ``deployments`` (and through
 them Prefect); the rest of the library never does (``import-linter`` contracts in
 ``pyproject.toml``, checked by ``tests/test_layers.py``).
 

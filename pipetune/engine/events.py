@@ -17,6 +17,7 @@ observer can record them as spans after the fact (the Prefect flow's task runs).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -34,6 +35,14 @@ class StudyEvent:
 
     #: The journal's kind for this event, or None when it is not journaled.
     journal_kind: ClassVar[str | None] = None
+    #: The event's class as a name (``epoch_finished``, ``trial_ended``...), for
+    #: observers below the engine that tell events apart without importing it (the
+    #: trackers, :class:`pipetune.tracking.Tracker`).
+    name: ClassVar[str] = "study_event"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.name = re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__.lstrip("_")).lower()
 
     @property
     def trial_id(self) -> int:

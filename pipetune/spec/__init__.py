@@ -64,6 +64,7 @@ from pipetune.spec.sections import (
     Space,
     SpaceDrop,
     SystemSpec,
+    TrackingSpec,
     WorkloadSpec,
     _Section,
 )
@@ -86,6 +87,7 @@ class JobSpec(_Section):
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
     pipetune: PipetuneSpec = Field(default_factory=PipetuneSpec)
     profiler: ProfilerSpec = Field(default_factory=ProfilerSpec)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
 
     @model_validator(mode="wrap")
     @classmethod
@@ -273,6 +275,7 @@ __all__ = [
     "SimilaritySpec",
     "SpaceDrop",
     "SystemSpec",
+    "TrackingSpec",
     "WorkloadSpec",
     "check_size",
     "load_spec",

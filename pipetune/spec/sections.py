@@ -384,3 +384,22 @@ class ProfilerSpec(_Section):
     op_mix_steps: int = Field(10, ge=1)
     watts_per_core: float = Field(10.0, gt=0)
     perf: Literal["auto", "off"] = "auto"
+
+
+class TrackingSpec(_Section):
+    """Where a study is recorded besides MLflow: ``trackers``, import paths
+    ``package.module:Factory`` to trackers of your own (:class:`pipetune.tracking.Tracker`),
+    each called as ``Factory(spec=..., study_id=..., folder=...)`` when the study opens."""
+
+    trackers: list[str] = Field(default_factory=list, max_length=32)
+
+    @field_validator("trackers")
+    @classmethod
+    def _import_paths(cls, value: list[str]) -> list[str]:
+        for i, path in enumerate(value):
+            if not (isinstance(path, str) and ":" in path and check_name(
+                    f"tracking.trackers[{i}]", path, kind="tracker")):
+                raise SpecError(f"tracking.trackers[{i}]", "must be an import path "
+                                f"package.module:Factory to a tracker of your own, got {path!r}")
+        return value
+

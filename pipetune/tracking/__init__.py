@@ -13,6 +13,9 @@ waits for everything sent so far.
 One module per reason to change:
 
 ===================  =================================================================
+``api``              :class:`Tracker`, the interface a study's record implements (an
+                     observer of the engine's events, then the study's end); the job
+                     file's ``tracking.trackers`` adds trackers of your own
 ``store``            the store: its URI, the experiment (created under a file lock for
                      SQLite), a client that rides out a locked SQLite store (its
                      back-off, ``LOCKED_BACKOFF_S``, is read there at each retry)
@@ -31,6 +34,7 @@ The names below are re-exported here; import them from :mod:`pipetune.tracking`.
 from __future__ import annotations
 
 from pipetune.home import default_tracking_uri
+from pipetune.tracking.api import Tracker
 from pipetune.tracking.sink import (
     MAX_ENTITIES_PER_BATCH,
     MAX_METRICS_PER_BATCH,
@@ -68,6 +72,7 @@ __all__ = [
     "SpoolNote",
     "StoreUnavailable",
     "StudyTracker",
+    "Tracker",
     "TrackingUnreachable",
     "WriterError",
     "batches",

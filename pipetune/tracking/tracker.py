@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipetune.errors import refused_by_store
 from pipetune.states import Phase, TrialState
+from pipetune.tracking.api import Tracker
 from pipetune.tracking.sink import MlflowSink
 from pipetune.tracking.spool import SpoolNote, spool_path
 from pipetune.tracking.store import DEFAULT_EXPERIMENT, mlflow_client
@@ -22,6 +23,7 @@ from pipetune.tracking.store import DEFAULT_EXPERIMENT, mlflow_client
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
+    from pipetune.engine.events import StudyEvent
     from pipetune.engine.study import Study, Trial
     from pipetune.runner import EpochResult
     from pipetune.spec import JobSpec
@@ -80,7 +82,7 @@ def phase_runs(trial: Trial) -> str:
 FIND_STUDY_RUN = "find"
 
 
-class StudyTracker:
+class StudyTracker(Tracker):
     """Writes a study to MLflow as it runs.
 
     Per-epoch metrics are logged with ``step = epoch`` and the time the epoch finished
@@ -309,6 +311,16 @@ class StudyTracker:
             self._requested.add(trial.trial_id)
             self._sink.send("log", ("trial", trial.trial_id), (), params, ())
         return ("trial", trial.trial_id)
+
+    def __call__(self, event: StudyEvent) -> None:
+        """The :class:`~pipetune.tracking.Tracker` side: each finished epoch's metrics,
+        each ended trial's outcome. The study's own end (its summary, tables and best
+        model) is written by :meth:`finish` or :meth:`fail`, which the session calls with
+        what only it has (the study, its wall time)."""
+        if event.name == "epoch_finished":
+            self.log_epoch(event.trial, event.result)
+        elif event.name == "trial_ended":
+            self.end_trial(event.trial, metric=self.spec.objective.metric)
 
     def log_epoch(self, trial: Trial, result: EpochResult) -> None:
         """Send the metrics of one finished epoch, at ``step = epoch``."""
