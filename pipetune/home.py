@@ -16,9 +16,15 @@ def pipetune_home() -> Path:
     It holds the ground truth (``groundtruth.db``) unless ``$PIPETUNE_GROUNDTRUTH`` or a
     study names another store.
     """
+    from pipetune.errors import SpecError
+
     raw = os.environ.get(HOME_ENV, "").strip()
     home = Path(raw).expanduser() if raw else Path.home() / ".pipetune"
-    home.mkdir(parents=True, exist_ok=True)
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SpecError(HOME_ENV if raw else "", f"{home} cannot be pipetune's home folder "
+                        f"({e.strerror or e}); set {HOME_ENV} to a folder you can write") from None
     return home
 
 

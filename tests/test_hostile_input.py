@@ -115,3 +115,21 @@ def test_tune_refuses_a_hostile_job_before_recording_anything(tmp_path):
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "mlflow.db").exists()
     assert not (tmp_path / "mlruns").exists()
+
+
+@pytest.mark.parametrize("keep_warm", ["0", "120"])
+def test_a_home_that_is_not_a_folder_is_one_line_naming_it(tmp_path, keep_warm):
+    """PIPETUNE_HOME naming a file: exit 2, one line, whether or not the command would
+    have used (or handed itself to) a warm service."""
+    job = tmp_path / "job.yaml"
+    job.write_text(GOOD)
+    home = tmp_path / "a-file"
+    home.write_text("not a folder")
+    env = {**os.environ, "PIPETUNE_HOME": str(home), "PIPETUNE_KEEP_WARM_S": keep_warm}
+    env.pop("PREFECT_API_URL", None)
+    result = subprocess.run([sys.executable, "-m", "pipetune", "tune", str(job)], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"error: PIPETUNE_HOME: {home} cannot be pipetune's home folder" in result.stderr
+    assert home.read_text() == "not a folder" and not (tmp_path / "mlflow.db").exists()

@@ -29,6 +29,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from pipetune.errors import PipetuneError
 from pipetune.sidecar.spare import (
     _SIZE,
     _read_exactly,
@@ -86,8 +87,11 @@ def hand_over(argv: Sequence[str], started: float) -> int | None:
     from pipetune.cli import quiet_defaults
 
     quiet_defaults()  # as ``tune`` does first: the service's key reads these settings
-    path = driver_socket()
-    if not path.exists():
+    try:
+        path = driver_socket()
+        if not path.exists():
+            return None
+    except (OSError, PipetuneError):  # a home it cannot use: the command says so itself
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(2.0)
