@@ -28,3 +28,16 @@ def api_unreachable(error: BaseException | None) -> bool:
             return True
         error, seen = error.__cause__ or error.__context__, seen + 1
     return False
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now (connections of a server
+    stopped a moment ago, in TIME_WAIT, do not count: servers bind with SO_REUSEADDR)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True

@@ -87,3 +87,36 @@ def test_the_circle_finder_finds_a_circle_and_leaves_a_package_and_its_submodule
             return self.imports[module]
 
     assert sorted(sorted(c) for c in import_circles(Graph())) == [["p.a", "p.b"]]
+
+
+def private_imports_from_outside(graph) -> list[tuple[str, str]]:
+    """``(importer, module)`` for each import of a private module (a path part starting
+    with ``_``) from outside the package that holds it."""
+    found = []
+    for importer in sorted(graph.modules):
+        for target in graph.find_modules_directly_imported_by(importer):
+            parts = target.split(".")
+            for i, part in enumerate(parts):
+                if part.startswith("_") and not part.startswith("__"):
+                    owner = ".".join(parts[:i])
+                    if not (importer == owner or importer.startswith(owner + ".")):
+                        found.append((importer, target))
+                    break
+    return found
+
+
+def test_no_private_module_is_imported_from_outside_its_package():
+    import grimp
+
+    graph = grimp.build_graph("pipetune", "flows", "tasks", "deployments",
+                              exclude_type_checking_imports=True, cache_dir=None)
+    assert private_imports_from_outside(graph) == []
+
+    class Graph:  # the finder finds one, and leaves a package's own imports alone
+        imports = {"p.a": {"p.b._c"}, "p.b": {"p.b._c"}, "p.b.d": {"p.b._c"}, "p.b._c": set()}
+        modules = set(imports)
+
+        def find_modules_directly_imported_by(self, module):
+            return self.imports[module]
+
+    assert private_imports_from_outside(Graph()) == [("p.a", "p.b._c")]

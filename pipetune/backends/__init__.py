@@ -4,8 +4,8 @@ The study engine (:meth:`pipetune.engine.study.Study.step`) hands a backend the 
 run and asks it for the next finished one; it decides everything else.
 """
 
-from pipetune.backends._base import EpochBackend, EpochOutcome
 from pipetune.backends._local import LocalBackend
+from pipetune.backends.base import EpochBackend, EpochOutcome
 
 __all__ = ["DaskBackend", "EpochBackend", "EpochOutcome", "LocalBackend"]
 

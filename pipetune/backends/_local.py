@@ -6,7 +6,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from pipetune.backends._base import EpochBackend, EpochOutcome
+from pipetune.backends.base import EpochBackend, EpochOutcome
 
 if TYPE_CHECKING:
     from pipetune.runner import EpochResult, EpochTask

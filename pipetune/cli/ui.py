@@ -54,7 +54,7 @@ def run_ui(args: argparse.Namespace) -> int:
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
         raise PipetuneError(f"no MLflow store at {uri}: run `pipetune tune JOB.yaml` here first")
 
-    from pipetune.stack._proc import port_free
+    from pipetune.net import port_free
 
     if not port_free(args.host, args.port):
         raise PipetuneError(f"--port: {args.host}:{args.port} is in use (another `pipetune ui` "

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from distributed import fire_and_forget
 
-from pipetune.backends._base import EpochBackend, EpochOutcome, describe
+from pipetune.backends.base import EpochBackend, EpochOutcome, describe
 from pipetune.checkpoints import attempt_ref
 from pipetune.dask.cores import worker_cores
 from pipetune.dask.worker_side import (

@@ -8,24 +8,12 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-
-def port_free(host: str, port: int) -> bool:
-    """Whether a server could listen on ``host:port`` now (connections of a server
-    stopped a moment ago, in TIME_WAIT, do not count: servers bind with SO_REUSEADDR)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
+from pipetune.net import port_free  # noqa: F401 - the stack's modules use it here
 
 
 def start_ticks(pid: int) -> int | None:

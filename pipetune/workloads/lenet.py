@@ -74,7 +74,7 @@ def load_lenet_data(
     import torch
 
     from pipetune.workloads.datasets import DatasetError, load_digits_28, load_idx_dataset
-    from pipetune.workloads.datasets._common import head, pool_split
+    from pipetune.workloads.datasets.common import head, pool_split
 
     sizes_field = "workload.params.train_samples"
     if dataset == "digits":

@@ -110,7 +110,7 @@ def load_text_data(
         tokenize,
         topic_corpus,
     )
-    from pipetune.workloads.datasets._common import head, pool_split
+    from pipetune.workloads.datasets.common import head, pool_split
 
     sizes_field = "workload.params.train_samples"
     val_field = "workload.params.val_samples"

@@ -10,8 +10,8 @@
 Errors in data files raise :class:`DatasetError` (a :class:`~pipetune.errors.WorkloadError`).
 """
 
-from pipetune.workloads.datasets._common import DatasetError, pool_split
 from pipetune.workloads.datasets.agnews import AG_NEWS_CLASSES, read_ag_news
+from pipetune.workloads.datasets.common import DatasetError, pool_split
 from pipetune.workloads.datasets.corpus import TOPICS, topic_corpus
 from pipetune.workloads.datasets.digits import load_digits_28, upsample_to_28
 from pipetune.workloads.datasets.idx import (

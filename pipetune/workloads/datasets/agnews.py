@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from pipetune.workloads.datasets._common import DatasetError
+from pipetune.workloads.datasets.common import DatasetError
 
 AG_NEWS_CLASSES: tuple[str, ...] = ("World", "Sports", "Business", "Sci/Tech")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipetune.workloads.datasets._common import DatasetError
+from pipetune.workloads.datasets.common import DatasetError
 
 IMAGES_MAGIC = 2051
 LABELS_MAGIC = 2049
