@@ -232,22 +232,11 @@ def run_epoch(task: EpochTask, live: LiveTrials | None = None, address: str = ""
     from pipetune.checkpoints import CheckpointStore
     from pipetune.profiler import EpochProfiler
     from pipetune.system.apply import applied_system_config
-    from pipetune.workloads import resolve_workload
 
     started = time.time()
-    workload = live.take(task) if live is not None else None
-    reused = workload is not None
-    build_s = 0.0
-    if workload is None:
-        workload = resolve_workload(task.workload)(**task.workload_params)
-        build_s = time.time() - started
-        workload.setup(task.hparams, task.seed)
-        if _first_build(task):  # data loaded, libraries initialised: once per process
-            build_s = time.time() - started
-        if task.checkpoint_in is not None:
-            CheckpointStore.load(workload, task.checkpoint_in)
-    elif task.checkpoint_in is not None:
-        CheckpointStore.wait_written(task.checkpoint_in)
+    workload, build_s = _workload_for(task, live, started)
+    reused = build_s is None
+    build_s = build_s or 0.0
     profiler = EpochProfiler(
         op_mix_steps=task.profiler.op_mix_steps,
         perf=task.profiler.perf,
@@ -303,6 +292,30 @@ def run_epoch(task: EpochTask, live: LiveTrials | None = None, address: str = ""
         graph=workload.graph_signature() if task.epoch == 1 or task.phase is Phase.PROFILE
         else "",
     )
+
+
+def _workload_for(task: EpochTask, live: LiveTrials | None, started: float,
+                  ) -> tuple[Any, float | None]:
+    """``(workload, build_s)``: the trial's model still in memory (``build_s`` None), or
+    one built and set up, from the trial's checkpoint when it has one; ``build_s`` the
+    seconds building took from ``started`` (the process's first build: data loaded,
+    libraries initialised, counted in)."""
+    from pipetune.checkpoints import CheckpointStore
+    from pipetune.workloads import resolve_workload
+
+    workload = live.take(task) if live is not None else None
+    if workload is not None:
+        if task.checkpoint_in is not None:
+            CheckpointStore.wait_written(task.checkpoint_in)
+        return workload, None
+    workload = resolve_workload(task.workload)(**task.workload_params)
+    build_s = time.time() - started
+    workload.setup(task.hparams, task.seed)
+    if _first_build(task):  # data loaded, libraries initialised: once per process
+        build_s = time.time() - started
+    if task.checkpoint_in is not None:
+        CheckpointStore.load(workload, task.checkpoint_in)
+    return workload, build_s
 
 
 def _torch_version() -> str:

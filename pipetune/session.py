@@ -141,10 +141,7 @@ def open_study(spec: JobSpec, options: StudyOptions, *, policy: Any = None,
     study's lines (a dropped space value, a resume, the start)."""
     from pipetune.checkpoints import (
         CheckpointStore,
-        default_checkpoint_root,
-        resolve_checkpoint_root,
     )
-    from pipetune.confine import confine_resumed, enforced
     from pipetune.dask.address import check_scheduler_address, default_address
     from pipetune.dask.cluster import (
         check_cluster_fits,
@@ -154,31 +151,16 @@ def open_study(spec: JobSpec, options: StudyOptions, *, policy: Any = None,
         prepare_workload,
         process_knob_values,
     )
-    from pipetune.engine.journal import StudyJournal, find_study, studies_root
+    from pipetune.engine.journal import StudyJournal, studies_root
     from pipetune.engine.study import Study
     from pipetune.groundtruth import GroundTruth
-    from pipetune.spec import JobSpec
-    from pipetune.tracking import StudyTracker, default_tracking_uri
 
     log = log or logging.getLogger("pipetune.study")
     check_study(spec, options)
-    tracking_uri, checkpoint_root = options.tracking_uri, options.checkpoint_root
-    groundtruth_path = options.groundtruth_path
-    resumed: dict[str, Any] = {}
-    journal = None
-    if options.resume:
-        with enforced(policy):  # the journal's import-path workload is checked, then imported
-            journal = find_study(studies_root(), options.resume, spec.name)
-            resumed = confine_resumed(journal.header(), policy)
-            spec = JobSpec.from_dict(resumed["job"])  # the job as it started, seeds included
-        study_id = journal.study_id
-        tracking_uri = resumed["tracking_uri"]
-        checkpoint_root = resumed["checkpoint_root"]
-        groundtruth_path = resumed["groundtruth_path"]
-    else:
-        tracking_uri = tracking_uri or default_tracking_uri()
-        study_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        checkpoint_root = checkpoint_root or default_checkpoint_root()
+    spec, study_id, journal, resumed = _new_or_resumed(spec, options, policy)
+    tracking_uri = resumed["tracking_uri"]
+    checkpoint_root = resumed["checkpoint_root"]
+    groundtruth_path = resumed["groundtruth_path"]
     # The constructor takes the similarity section's fields by name: one rule, no copy.
     ground_truth = GroundTruth(groundtruth_path, **spec.pipetune.similarity.model_dump())
     # Refusals before anything is recorded: a resumed study's corrupt ground truth (a
@@ -204,20 +186,7 @@ def open_study(spec: JobSpec, options: StudyOptions, *, policy: Any = None,
     elif space_dropped:
         journal.update(space_dropped={**journal.header().get("space_dropped", {}),
                                       **space_dropped})
-    tags = {**options.tags, "pipetune.study_id": study_id}
-    if space_dropped:
-        tags["pipetune.space_dropped"] = json.dumps(space_dropped, sort_keys=True)
-    from pipetune.tracking.tracker import FIND_STUDY_RUN
-
-    tracker = StudyTracker(tracking_uri, spec, tags=tags,
-                           resume_run_id=resumed.get("parent_run_id")
-                           or (FIND_STUDY_RUN if options.resume else None),
-                           defer_open=options.start_first)
-    # ``mlflow``: checkpoints are artifacts of the study's run (through the tracking
-    # server's artifact proxy on a team stack), so every host reaches them by URL.
-    checkpoints = CheckpointStore(
-        resolve_checkpoint_root(checkpoint_root, tracking_uri, lambda: tracker.artifact_uri),
-        keep=options.keep_checkpoints)
+    tracker, checkpoints = _open_records(spec, options, study_id, resumed, space_dropped)
     if dask_address is None:  # workers for OpenMP policies the job asks for, before the clock
         ensure_worker_groups(process_knob_values(spec))
     core_budget = options.core_budget
@@ -237,18 +206,76 @@ def open_study(spec: JobSpec, options: StudyOptions, *, policy: Any = None,
     # Trackers of the job's own (tracking.trackers) hear the events from here on.
     trackers = [_own_tracker(i, path, spec, study_id, journal.folder)
                 for i, path in enumerate(spec.tracking.trackers)]
+    refused = _mark_running(spec, options, journal, tracker, log)
+    return OpenedStudy(study=study, journal=journal, tracker=tracker, checkpoints=checkpoints,
+                       client=client, tracking_uri=tracking_uri, dropped=tuple(dropped),
+                       log=log, refused=refused, trackers=trackers)
+
+
+def _open_records(spec: JobSpec, options: StudyOptions, study_id: str,
+                  where: dict[str, Any], space_dropped: dict[str, Any],
+                  ) -> tuple[StudyTracker, CheckpointStore]:
+    """The study's MLflow record (a resumed study's own run) and its checkpoint store."""
+    from pipetune.checkpoints import CheckpointStore, resolve_checkpoint_root
+    from pipetune.tracking import StudyTracker
+    from pipetune.tracking.tracker import FIND_STUDY_RUN
+
+    tags = {**options.tags, "pipetune.study_id": study_id}
+    if space_dropped:
+        tags["pipetune.space_dropped"] = json.dumps(space_dropped, sort_keys=True)
+    tracker = StudyTracker(where["tracking_uri"], spec, tags=tags,
+                           resume_run_id=where.get("parent_run_id")
+                           or (FIND_STUDY_RUN if options.resume else None),
+                           defer_open=options.start_first)
+    # ``mlflow``: checkpoints are artifacts of the study's run (through the tracking
+    # server's artifact proxy on a team stack), so every host reaches them by URL.
+    checkpoints = CheckpointStore(
+        resolve_checkpoint_root(where["checkpoint_root"], where["tracking_uri"],
+                                lambda: tracker.artifact_uri),
+        keep=options.keep_checkpoints)
+    return tracker, checkpoints
+
+
+def _new_or_resumed(spec: JobSpec, options: StudyOptions, policy: Any,
+                    ) -> tuple[JobSpec, str, StudyJournal | None, dict[str, Any]]:
+    """``(spec, study_id, journal, where)``: a resumed study's job (as it started, seeds
+    included), id, journal and journal header; or a new study's id, no journal yet, and
+    its stores. ``where`` holds ``tracking_uri``, ``checkpoint_root`` and
+    ``groundtruth_path`` either way (and ``parent_run_id`` of a resumed study)."""
+    from pipetune.checkpoints import default_checkpoint_root
+    from pipetune.confine import confine_resumed, enforced
+    from pipetune.engine.journal import find_study, studies_root
+    from pipetune.spec import JobSpec
+    from pipetune.tracking import default_tracking_uri
+
+    if options.resume:
+        with enforced(policy):  # the journal's import-path workload is checked, then imported
+            journal = find_study(studies_root(), options.resume, spec.name)
+            resumed = confine_resumed(journal.header(), policy)
+            spec = JobSpec.from_dict(resumed["job"])  # the job as it started, seeds included
+        return spec, journal.study_id, journal, resumed
+    study_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    return spec, study_id, None, {
+        "tracking_uri": options.tracking_uri or default_tracking_uri(),
+        "checkpoint_root": options.checkpoint_root or default_checkpoint_root(),
+        "groundtruth_path": options.groundtruth_path}
+
+
+def _mark_running(spec: JobSpec, options: StudyOptions, journal: StudyJournal,
+                  tracker: StudyTracker, log: Any) -> list[BaseException]:
+    """The journal says the study runs (with its MLflow run, or once MLflow opened it,
+    for a study started first); its start line. What refused the MLflow run, if any,
+    lands in the list returned."""
     ids = {} if options.start_first else {"parent_run_id": tracker.parent_run_id}
     journal.update(status="running", reason=None, flow_run_id=options.runner_id, **ids)
     refused: list[BaseException] = []
     if options.start_first:  # the run's id in the journal once MLflow has opened it
         _note_run_id_when_open(journal, tracker, refused)
     log.info("study %s: %s, %d trials (%d at a time), pipetune %s; MLflow parent run %s",
-             study_id, spec.workload.name, spec.search.trials, spec.search.max_concurrent,
-             "on" if spec.pipetune.enabled else "off",
+             journal.study_id, spec.workload.name, spec.search.trials,
+             spec.search.max_concurrent, "on" if spec.pipetune.enabled else "off",
              ids.get("parent_run_id", "opened beside it"))
-    return OpenedStudy(study=study, journal=journal, tracker=tracker, checkpoints=checkpoints,
-                       client=client, tracking_uri=tracking_uri, dropped=tuple(dropped),
-                       log=log, refused=refused, trackers=trackers)
+    return refused
 
 
 def _own_tracker(i: int, path: str, spec: JobSpec, study_id: str, folder: Path) -> Tracker:
@@ -375,27 +402,7 @@ class OpenedStudy:
             if tracker.waiting is not None:  # MLflow did not answer: its writes wait
                 log.warning("%s", tracker.waiting.line(), extra=NOTICE)
         except BaseException as stop:
-            if isinstance(stop, PipetuneError) and getattr(stop, "study_id", None) is None:
-                stop.study_id = study.study_id  # which study a caller finds it in
-            stopped = _is_stop(stop)
-            reason = str(stop) if isinstance(stop, PipetuneError) else \
-                f"{type(stop).__name__}: {stop}"
-            with contextlib.suppress(Exception):  # resumable with --resume either way
-                self.journal.update(status="stopped" if stopped else "failed", reason=reason,
-                                    **self._run_ids_known())
-                self.journal.close()
-            with contextlib.suppress(Exception):
-                backend.cancel()
-            tracker.fail(status="KILLED" if stopped else "FAILED",
-                         timeout=3 if stopped else 120, reason=reason)
-            self._end_trackers(lambda t: t.failed("KILLED" if stopped else "FAILED", reason))
-            with contextlib.suppress(Exception):  # a run opened beside the study: its id
-                if self._run_ids_known():
-                    self.journal.update(**self._run_ids_known())
-            if tracker.waiting is not None:
-                log.warning("%s", tracker.waiting.line(), extra=NOTICE)
-            with contextlib.suppress(Exception):
-                backend.close(timeout=1 if stopped else 60)
+            self._ended_badly(stop, backend)
             raise
         finally:
             for observer in attached:
@@ -415,6 +422,34 @@ class OpenedStudy:
         for observer in (*observers, *_OBSERVING.get()):
             observer(finished)
         return result
+
+    def _ended_badly(self, stop: BaseException, backend: EpochBackend) -> None:
+        """A study that failed or was stopped (:func:`_is_stop`): its journal says so
+        (resumable with ``--resume`` either way), its epochs are cancelled, its records
+        end ``FAILED`` or ``KILLED`` with the reason, the backend closes. ``stop`` learns
+        the study's id (a :class:`PipetuneError`), for the caller to say where it is."""
+        study, tracker, log = self.study, self.tracker, self.log
+        if isinstance(stop, PipetuneError) and getattr(stop, "study_id", None) is None:
+            stop.study_id = study.study_id  # which study a caller finds it in
+        stopped = _is_stop(stop)
+        reason = str(stop) if isinstance(stop, PipetuneError) else \
+            f"{type(stop).__name__}: {stop}"
+        with contextlib.suppress(Exception):  # resumable with --resume either way
+            self.journal.update(status="stopped" if stopped else "failed", reason=reason,
+                                **self._run_ids_known())
+            self.journal.close()
+        with contextlib.suppress(Exception):
+            backend.cancel()
+        tracker.fail(status="KILLED" if stopped else "FAILED",
+                     timeout=3 if stopped else 120, reason=reason)
+        self._end_trackers(lambda t: t.failed("KILLED" if stopped else "FAILED", reason))
+        with contextlib.suppress(Exception):  # a run opened beside the study: its id
+            if self._run_ids_known():
+                self.journal.update(**self._run_ids_known())
+        if tracker.waiting is not None:
+            log.warning("%s", tracker.waiting.line(), extra=NOTICE)
+        with contextlib.suppress(Exception):
+            backend.close(timeout=1 if stopped else 60)
 
     def _end_trackers(self, end: Callable[[Tracker], None]) -> None:
         """``end(tracker)`` then ``close()`` for each of the job's own trackers; one that

@@ -327,37 +327,13 @@ class SystemTuner:
         history = _checked_history(history)
         if not isinstance(epochs_left, int) or epochs_left < 0:
             raise ValueError(f"epochs_left must be an integer >= 0, got {epochs_left!r}")
-        if expected_epochs is not None:
-            horizon: float = max(0.0, min(float(expected_epochs), float(epochs_left)))
-        else:
-            horizon = epochs_left if sure_epochs is None else max(0, min(sure_epochs, epochs_left))
-        weighed: dict[str, Any] = {"expected_epochs" if expected_epochs is not None
-                                   else "sure_epochs": _rounded(horizon)}
-        if sure_epochs is not None and expected_epochs is not None:
-            weighed["sure_epochs"] = sure_epochs
-        if known_one_time is not None:
-            weighed["worker_one_time"] = _rounded(known_one_time)
+        horizon, weighed = _horizon(epochs_left, sure_epochs, expected_epochs, known_one_time)
         if not self.enabled:
             return TuningDecision(
                 self.default, Phase.TRAIN, None, None, "pipetune off: default config"
             )
         if not history:
-            known = self._known_first(match)
-            if known is not None:
-                assert match is not None
-                return TuningDecision(
-                    known, Phase.PROFILE, None, None,
-                    f"profile: epoch 1 under the {match.reason} (confirmed by this epoch; "
-                    f"{', '.join(match.config.one_time_knobs()) or 'no one-time knob'} "
-                    "left for later)" if known != match.config else
-                    f"profile: epoch 1 under the {match.reason} (confirmed by this epoch)")
-            return TuningDecision(
-                self.default,
-                Phase.PROFILE,
-                None,
-                None,
-                f"profile: epoch 1 under the default ({self.default.label()})",
-            )
+            return self._first_epoch(match)
 
         hit_config, why = self._usable_hit(match, history)
         if hit_config is not None:
@@ -389,14 +365,8 @@ class SystemTuner:
                 if nxt.one_time_knobs() and cheap and horizon < MIN_ONE_TIME_HORIZON:
                     reason += " (its one-time cost is paid on this worker already)"
                 return TuningDecision(nxt, Phase.PROBE, None, None, reason, inputs=weighed)
-        deferred = [c for c in untried if c.one_time_knobs()]
-        kind = "expected" if expected_epochs is not None else "sure"
-        why_not = ("another trial is probing it now" if probed_elsewhere
-                   and horizon >= MIN_ONE_TIME_HORIZON else
-                   f"{_rounded(horizon)} {kind} epoch(s) < {MIN_ONE_TIME_HORIZON} to earn a "
-                   "one-time cost back")
-        not_yet = (f"; {', '.join(describe_change(self.default, c) for c in deferred)} "
-                   f"not probed: {why_not}") if deferred else ""
+        not_yet = self._not_yet(untried, horizon, expected_epochs is not None,
+                                probed_elsewhere)
 
         best = self.best_observed(history)
         if best is None:
@@ -418,6 +388,35 @@ class SystemTuner:
         one_time, speedup = self.figures(history, config)
         return TuningDecision(config, Phase.TRAIN, config, cost, reason + "; record it",
                               inputs=inputs, remember_one_time=one_time, remember_speedup=speedup)
+
+    def _not_yet(self, untried: Sequence[SystemConfig], horizon: float, expected: bool,
+                 probed_elsewhere: bool) -> str:
+        """What a decision says of the one-time knobs it left unprobed, and why."""
+        deferred = [c for c in untried if c.one_time_knobs()]
+        if not deferred:
+            return ""
+        kind = "expected" if expected else "sure"
+        why_not = ("another trial is probing it now" if probed_elsewhere
+                   and horizon >= MIN_ONE_TIME_HORIZON else
+                   f"{_rounded(horizon)} {kind} epoch(s) < {MIN_ONE_TIME_HORIZON} to earn a "
+                   "one-time cost back")
+        return (f"; {', '.join(describe_change(self.default, c) for c in deferred)} "
+                f"not probed: {why_not}")
+
+    def _first_epoch(self, match: GroundTruthMatch | None) -> TuningDecision:
+        """Epoch 1, profiled: under a known job's config when the ground truth knows the
+        job already (its one-time knobs left for later), else under the default."""
+        known = self._known_first(match)
+        if known is None:
+            return TuningDecision(self.default, Phase.PROFILE, None, None,
+                                  f"profile: epoch 1 under the default ({self.default.label()})")
+        assert match is not None
+        return TuningDecision(
+            known, Phase.PROFILE, None, None,
+            f"profile: epoch 1 under the {match.reason} (confirmed by this epoch; "
+            f"{', '.join(match.config.one_time_knobs()) or 'no one-time knob'} "
+            "left for later)" if known != match.config else
+            f"profile: epoch 1 under the {match.reason} (confirmed by this epoch)")
 
     def _known_first(self, match: GroundTruthMatch | None) -> SystemConfig | None:
         """The config a known job's first epoch runs under: the known config without its
@@ -673,6 +672,23 @@ def _checked_history(history: Sequence[EpochObservation]) -> list[EpochObservati
         if obs.epoch != i:
             raise ValueError(f"history must list epochs 1..n in order; item {i} is {obs.epoch}")
     return out
+
+
+def _horizon(epochs_left: int, sure_epochs: int | None, expected_epochs: float | None,
+             known_one_time: float | None) -> tuple[float, dict[str, Any]]:
+    """The epochs a one-time cost is weighed against (the expected ones when the
+    scheduler says, else the sure ones, else all left), and the figures to show."""
+    if expected_epochs is not None:
+        horizon: float = max(0.0, min(float(expected_epochs), float(epochs_left)))
+    else:
+        horizon = epochs_left if sure_epochs is None else max(0, min(sure_epochs, epochs_left))
+    weighed: dict[str, Any] = {"expected_epochs" if expected_epochs is not None
+                               else "sure_epochs": _rounded(horizon)}
+    if sure_epochs is not None and expected_epochs is not None:
+        weighed["sure_epochs"] = sure_epochs
+    if known_one_time is not None:
+        weighed["worker_one_time"] = _rounded(known_one_time)
+    return horizon, weighed
 
 
 def _rounded(value: float) -> float | int:

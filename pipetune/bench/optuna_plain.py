@@ -326,6 +326,14 @@ def run_optuna_plain(
     study.optimize(recorded, n_trials=trials, n_jobs=n_jobs, catch=(Exception,))
     tuning_wall_s = time.perf_counter() - t0
 
+    return _result(spec, study, tuning_wall_s, started, cores, n_jobs)
+
+
+def _result(spec: JobSpec, study: Any, tuning_wall_s: float, started: float, cores: int,
+            n_jobs: int) -> OptunaPlainResult:
+    """What a finished Optuna ``study`` of ``spec`` ran and found."""
+    import optuna
+
     rows = [_row(t) for t in sorted(study.trials, key=lambda t: t.number)]
     states = [r.state for r in rows]
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -347,6 +347,13 @@ class BenchResult:
                 s = self.ran(strategy)
                 r = s.tuning_wall_s / v1.tuning_wall_s
                 add(name, f"{r:.2f} x", r <= 0.85)
+        self._quality_targets(add, present, blocked, fixed)
+        return out
+
+    def _quality_targets(self, add: Callable[..., None], present: Callable[..., list[str]],
+                         blocked: Callable[..., bool], fixed: list[StrategyResult]) -> None:
+        """The targets on what PipeTune found (best value, chosen config against the
+        oracle) and on its orchestration overhead, added by ``add`` (see :meth:`targets`)."""
         scale = 100.0 if self.metric == "accuracy" else 1.0
         v1_best = [s.best_value for s in fixed if s.best_value is not None]
         for strategy in present("pipetune-cold", "pipetune-warm"):
@@ -385,7 +392,6 @@ class BenchResult:
             worst = max(shares)
             add("orchestration overhead <= 10% of epoch time", f"max {worst:.1%} over strategies",
                 worst <= 0.10)
-        return out
 
     def to_json(self) -> dict[str, Any]:
         """The bench as ``results.json`` holds it: every field, plus the derived

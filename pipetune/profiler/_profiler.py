@@ -7,7 +7,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipetune.errors import SpecError
 from pipetune.profiler import usage as _usage
@@ -164,53 +164,17 @@ class EpochProfiler:
         perf_counts = session.stop() if session is not None else None
         readout_s = time.perf_counter() - t_read
 
-        counters = {
-            "cpu_s": used.cpu_s,
-            "ctx_switches_voluntary": float(used.ctx_voluntary),
-            "ctx_switches_involuntary": float(used.ctx_involuntary),
-            "page_faults_minor": float(used.minor_faults),
-            "page_faults_major": float(used.major_faults),
-        }
-        if perf_counts is not None:
-            counters.update({f"perf:{k}": v for k, v in perf_counts.values.items()})
-            counters_source = f"perf:{level}"
-        else:
-            counters_source = "psutil"
-
+        counters, counters_source = _counters(used, perf_counts, level)
         in_epoch_s = clock.hook_s + _traced_excess(clock, recorder)
-        steady_step_s, one_time_s = _split_one_time(clock, recorder, wall_s - in_epoch_s)
-        own_s = max(wall_s - in_epoch_s, 0.0)
-        cpu_wait_s = 0.0
-        if wait_before is not None and wait_after is not None and own_s > 0:
-            cpu_wait_s = min(max(wait_after - wait_before, 0.0), own_s)
-            # Every step waited alike, as far as we can tell: the steady step and the
-            # one-time part are what they would have been on a CPU of its own.
-            share = 1.0 - cpu_wait_s / own_s
-            steady_step_s *= share
-            one_time_s *= share
+        steady_step_s, one_time_s, cpu_wait_s = _time_split(
+            clock, recorder, wall_s, in_epoch_s, wait_before, wait_after)
         overhead_s = setup_s + readout_s + in_epoch_s
-        cores = _usable_cores()
-        cpu_util = used.cpu_s / wall_s / cores if wall_s > 0 else 0.0
+        cpu_util = used.cpu_s / wall_s / _usable_cores() if wall_s > 0 else 0.0
         steps = stats.steps
         samples = stats.samples
-        features = {f"op_{k}_share": op_mix.shares[k] for k in OP_CATEGORIES}
-        features.update(
-            cpu_util=cpu_util,
-            log_samples_per_s=math.log1p(samples / wall_s if wall_s > 0 else 0.0),
-            # log(1 + CPU microseconds per sample): scale-free, never -inf.
-            log_flops_proxy=math.log1p(1e6 * used.cpu_s / samples if samples > 0 else 0.0),
-            ctx_switches_per_step=used.ctx_switches / steps if steps > 0 else 0.0,
-            page_faults_per_step=used.page_faults / steps if steps > 0 else 0.0,
-            log_peak_rss_mb=math.log1p(max(0.0, peak_mb)),
-        )
-        missing = set(PROFILE_FEATURES) - set(features)
-        if missing:  # pragma: no cover - guards PROFILE_FEATURES growing without us
-            raise AssertionError(f"profiler does not compute features {sorted(missing)}")
-        profile = Profile(
-            features={k: float(features[k]) for k in PROFILE_FEATURES},
-            sources={"counters": counters_source, "energy": meter.source,
-                     "op_mix": op_mix.source},
-        )
+        profile = _profile(op_mix, used, wall_s, steps, samples, peak_mb, cpu_util,
+                           {"counters": counters_source, "energy": meter.source,
+                            "op_mix": op_mix.source})
         measurement = EpochMeasurement(
             wall_s=wall_s, samples=samples, steps=steps, cpu_s=used.cpu_s, cpu_util=cpu_util,
             peak_rss_mb=peak_mb, ctx_switches=used.ctx_switches, page_faults=used.page_faults,
@@ -265,6 +229,57 @@ WARMUP_STEPS = 2
 OUTLIER_FACTOR = 2.5
 #: ... as long as such steps are rare: at most 2, or this share of the steps.
 RARE_SHARE = 0.02
+
+
+def _counters(used: Any, perf_counts: Any, level: str | None) -> tuple[dict[str, float], str]:
+    """The epoch's OS counters (and ``perf``'s, when it ran), and where they came from."""
+    counters = {
+        "cpu_s": used.cpu_s,
+        "ctx_switches_voluntary": float(used.ctx_voluntary),
+        "ctx_switches_involuntary": float(used.ctx_involuntary),
+        "page_faults_minor": float(used.minor_faults),
+        "page_faults_major": float(used.major_faults),
+    }
+    if perf_counts is None:
+        return counters, "psutil"
+    counters.update({f"perf:{k}": v for k, v in perf_counts.values.items()})
+    return counters, f"perf:{level}"
+
+
+def _time_split(clock: _StepClock, recorder: OpMixRecorder | None, wall_s: float,
+                in_epoch_s: float, wait_before: float | None,
+                wait_after: float | None) -> tuple[float, float, float]:
+    """``(steady_step_s, one_time_s, cpu_wait_s)`` of an epoch of ``wall_s`` of which the
+    profiler took ``in_epoch_s``, its thread's CPU wait read before and after."""
+    steady_step_s, one_time_s = _split_one_time(clock, recorder, wall_s - in_epoch_s)
+    own_s = max(wall_s - in_epoch_s, 0.0)
+    if wait_before is None or wait_after is None or own_s <= 0:
+        return steady_step_s, one_time_s, 0.0
+    cpu_wait_s = min(max(wait_after - wait_before, 0.0), own_s)
+    # Every step waited alike, as far as we can tell: the steady step and the one-time
+    # part are what they would have been on a CPU of its own.
+    share = 1.0 - cpu_wait_s / own_s
+    return steady_step_s * share, one_time_s * share, cpu_wait_s
+
+
+def _profile(op_mix: OpMix, used: Any, wall_s: float, steps: int, samples: int,
+             peak_mb: float, cpu_util: float, sources: dict[str, str]) -> Profile:
+    """The epoch's profile: every feature in :data:`PROFILE_FEATURES`."""
+    features = {f"op_{k}_share": op_mix.shares[k] for k in OP_CATEGORIES}
+    features.update(
+        cpu_util=cpu_util,
+        log_samples_per_s=math.log1p(samples / wall_s if wall_s > 0 else 0.0),
+        # log(1 + CPU microseconds per sample): scale-free, never -inf.
+        log_flops_proxy=math.log1p(1e6 * used.cpu_s / samples if samples > 0 else 0.0),
+        ctx_switches_per_step=used.ctx_switches / steps if steps > 0 else 0.0,
+        page_faults_per_step=used.page_faults / steps if steps > 0 else 0.0,
+        log_peak_rss_mb=math.log1p(max(0.0, peak_mb)),
+    )
+    missing = set(PROFILE_FEATURES) - set(features)
+    if missing:  # pragma: no cover - guards PROFILE_FEATURES growing without us
+        raise AssertionError(f"profiler does not compute features {sorted(missing)}")
+    return Profile(features={k: float(features[k]) for k in PROFILE_FEATURES},
+                   sources=sources)
 
 
 def _split_one_time(clock: _StepClock, recorder: OpMixRecorder | None,
