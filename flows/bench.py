@@ -40,7 +40,7 @@ from pipetune.bench import (
     strategy_spec,
     write_report,
 )
-from pipetune.bench.optuna_plain import OptunaRunFailed
+from pipetune.bench.peer_process import OptunaRunFailed
 from pipetune.bench.ray_tune import RayTuneRunFailed
 from pipetune.dask.address import default_address
 from pipetune.errors import BrokenWorkload, PipetuneError
@@ -101,7 +101,7 @@ def run_optuna_plain(spec: JobSpec, out: Path, *, cores: int,
     import os
 
     from pipetune.bench import result_from_optuna
-    from pipetune.bench.optuna_plain import run_subprocess
+    from pipetune.bench.peer_process import run_subprocess
 
     job_file = out / f"{name}-job.json"
     job_file.write_text(json.dumps(spec.to_dict()))  # JSON is YAML: load_spec reads it

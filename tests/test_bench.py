@@ -470,7 +470,7 @@ def test_when_every_optuna_strategy_failed_its_ratios_are_na(bench):
 
 
 def test_a_failed_optuna_child_gives_the_line_naming_its_exception(tmp_path):
-    from pipetune.bench.optuna_plain import OptunaRunFailed, failure_line, run_subprocess
+    from pipetune.bench.peer_process import OptunaRunFailed, failure_line, run_subprocess
 
     traceback = ("[W 2026-12-05] Trial 0 failed\nTraceback (most recent call last):\n"
                  '  File "x.py", line 3, in f\n    1 / 0\n'

@@ -192,7 +192,7 @@ def test_main_rejects_a_missing_job(tmp_path, capsys):
 
 
 def test_run_subprocess_reads_the_result_back_and_imports_no_orchestration(tmp_path):
-    from pipetune.bench.optuna_plain import run_subprocess
+    from pipetune.bench.peer_process import run_subprocess
 
     job_file = tmp_path / "job.json"
     job_file.write_text(json.dumps(JobSpec.from_dict(tiny_job(trials=2)).to_dict()))
@@ -216,7 +216,7 @@ def test_run_subprocess_reads_the_result_back_and_imports_no_orchestration(tmp_p
 
 
 def test_run_subprocess_reports_a_failing_child(tmp_path):
-    from pipetune.bench.optuna_plain import run_subprocess
+    from pipetune.bench.peer_process import run_subprocess
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\n")

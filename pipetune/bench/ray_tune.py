@@ -56,8 +56,8 @@ from pathlib import Path  # noqa: E402
 from typing import TYPE_CHECKING, Any  # noqa: E402
 
 from pipetune.bench.optuna_plain import check_space as _optuna_check_space  # noqa: E402
-from pipetune.bench.optuna_plain import failure_line as _optuna_failure_line  # noqa: E402
 from pipetune.bench.optuna_plain import suggest, trial_seed  # noqa: E402
+from pipetune.bench.peer_process import failure_line as _optuna_failure_line  # noqa: E402
 
 if TYPE_CHECKING:
     from pipetune.spec import JobSpec

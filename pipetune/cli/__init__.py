@@ -138,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["tune"]:  # a warm service's driver, imports done, may take it
         from pipetune.cli.handover import hand_over
-        from pipetune.cli.tune import process_start_time
+        from pipetune.cli.tune_startup import process_start_time
 
         code = hand_over(argv, process_start_time())
         if code is not None:

@@ -197,11 +197,11 @@ def serve(path: str) -> int:
     _stop_when_command_goes(conn)
 
     import pipetune.cli
-    from pipetune.cli import tune
+    from pipetune.cli import tune_startup
 
     global IS_DRIVER
     IS_DRIVER = True
-    tune.COMMAND_STARTED = float(hello["started"])
+    tune_startup.COMMAND_STARTED = float(hello["started"])
     code = 1
     try:
         code = pipetune.cli.main(hello["argv"])

@@ -26,6 +26,11 @@ from pipetune.errors import SpecError, WorkloadError
 from pipetune.system.apply import AppliedConfig, applied_context
 from pipetune.system.config import SystemConfig
 from pipetune.workloads._base import StepHook, TrainStats, Workload
+from pipetune.workloads._seeded import (
+    _cpu_copy,
+    _mix_seed,
+    init_parameters,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -81,57 +86,6 @@ def _refuse_unknown(given: Mapping[str, Any], known: Mapping[str, Any], where: s
     unknown = sorted(set(given) - set(known))
     if unknown:
         raise SpecError(f"{where}.{unknown[0]}", f"{what}; allowed: {', '.join(known)}")
-
-
-def _mix_seed(seed: int, epoch: int) -> int:
-    return (seed * 1_000_003 + epoch * 7_919 + 17) % (2**63 - 1)
-
-
-def _cpu_copy(obj: Any) -> Any:
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu().clone(memory_format=torch.contiguous_format)
-    if isinstance(obj, dict):
-        return {k: _cpu_copy(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_cpu_copy(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_cpu_copy(v) for v in obj)
-    return obj
-
-
-def init_parameters(model: nn.Module, generator: torch.Generator) -> None:
-    """Initialise ``model`` from ``generator`` alone, the way torch does by default.
-
-    Conv and linear weights: Kaiming-uniform with ``a=sqrt(5)``, biases uniform in
-    ``+-1/sqrt(fan_in)``; embeddings: standard normal with the padding row zeroed.
-    """
-    import torch
-    from torch import nn
-
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, nn.Linear | nn.Conv1d | nn.Conv2d):
-                nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5), generator=generator)
-                if module.bias is not None:
-                    fan_in = module.weight[0].numel()
-                    bound = 1.0 / math.sqrt(fan_in)
-                    nn.init.uniform_(module.bias, -bound, bound, generator=generator)
-            elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, generator=generator)
-                if module.padding_idx is not None:
-                    module.weight[module.padding_idx].zero_()
-
-
-def seeded_dropout(x: torch.Tensor, p: float, generator: torch.Generator | None) -> torch.Tensor:
-    """Inverted dropout whose mask comes from ``generator`` (a CPU generator)."""
-    import torch
-
-    if p <= 0.0:
-        return x
-    keep = torch.rand(x.shape, generator=generator) >= p
-    return x * keep.to(device=x.device, dtype=x.dtype) / (1.0 - p)
 
 
 class TorchClassifierWorkload(Workload):

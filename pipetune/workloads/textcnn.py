@@ -41,12 +41,8 @@ import torch
 from torch import nn
 
 from pipetune.errors import SpecError
-from pipetune.workloads._classifier import (
-    ClassifierData,
-    HParam,
-    TorchClassifierWorkload,
-    seeded_dropout,
-)
+from pipetune.workloads._classifier import ClassifierData, HParam, TorchClassifierWorkload
+from pipetune.workloads._seeded import seeded_dropout
 
 DATASETS: tuple[str, ...] = ("bundled", "20newsgroups", "ag_news")
 FILTER_WIDTHS: tuple[int, ...] = (3, 4, 5)
