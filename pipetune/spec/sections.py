@@ -291,12 +291,24 @@ class SystemSpec(_Section):
         }
 
 
+#: An import path ``package.module:Factory``, as a JSON schema pattern.
+IMPORT_PATH_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
+
+
+def _policy_schema(built_in: tuple[str, ...], default: str) -> WithJsonSchema:
+    """What a Prefect server checks a policy name against: a built-in name or an import
+    path (a name registered in a program's process is that process's own)."""
+    return WithJsonSchema({"anyOf": [{"enum": list(built_in)},
+                                     {"type": "string", "pattern": IMPORT_PATH_PATTERN}],
+                           "default": default})
+
+
 class SearchSpec(_Section):
     """How hyperparameter configurations are chosen."""
 
     #: A built-in searcher (``random``, ``grid``, ``tpe``), one registered with
     #: :func:`pipetune.policies.register_searcher`, or ``package.module:Factory``.
-    algorithm: str = "tpe"
+    algorithm: Annotated[str, _policy_schema(("grid", "random", "tpe"), "tpe")] = "tpe"
     trials: int = Field(ge=1, le=100_000)
     seed: int = Field(0, ge=0, le=MAX_SEED)
     max_concurrent: int = Field(1, ge=1, le=4096)
@@ -326,7 +338,7 @@ class EarlyStoppingSpec(_Section):
 
     #: ``asha``, ``none``, one registered with
     #: :func:`pipetune.policies.register_scheduler`, or ``package.module:Factory``.
-    policy: str = "asha"
+    policy: Annotated[str, _policy_schema(("asha", "none"), "asha")] = "asha"
     min_epochs: int = Field(1, ge=1)
     max_epochs: int = Field(ge=1)
     reduction_factor: int = Field(2, ge=2)
@@ -391,7 +403,9 @@ class TrackingSpec(_Section):
     ``package.module:Factory`` to trackers of your own (:class:`pipetune.tracking.Tracker`),
     each called as ``Factory(spec=..., study_id=..., folder=...)`` when the study opens."""
 
-    trackers: list[str] = Field(default_factory=list, max_length=32)
+    trackers: list[Annotated[str, WithJsonSchema(
+        {"type": "string", "pattern": IMPORT_PATH_PATTERN})]] = Field(
+            default_factory=list, max_length=32)
 
     @field_validator("trackers")
     @classmethod
