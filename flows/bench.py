@@ -68,16 +68,10 @@ def run_study(
     and the engine it drove. ``seen`` collects the engines the flow drove (the study
     of a flow that raised is its last)."""
     from flows.study import study_flow
-    from pipetune.engine.events import Stepped
-    from pipetune.session import observing
+    from pipetune.session import collecting_opened
 
     seen = [] if seen is None else seen
-
-    def capture(event: Any) -> None:
-        if isinstance(event, Stepped) and (not seen or seen[-1] is not event.study):
-            seen.append(event.study)
-
-    with observing(capture):
+    with collecting_opened(seen):
         summary = study_flow.with_options(flow_run_name=f"bench-{name}")(
             job=spec.to_dict(),
             dask_address=dask_address,

@@ -18,18 +18,27 @@ and decisions as task runs. Nothing here imports Prefect.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipetune.errors import BrokenWorkload, CheckpointWriteError, PipetuneError, SpecError
 from pipetune.states import TrialState
+from pipetune.watching import (  # NOTICE ... observing: re-exported (__all__)
+    _OBSERVING,
+    _OPENED,
+    NOTICE,
+    NOTICE_ATTR,
+    SAID,
+    SAID_ATTR,
+    collecting_opened,
+    observing,
+)
 
 if TYPE_CHECKING:
     from pipetune.backends import EpochBackend
@@ -41,33 +50,6 @@ if TYPE_CHECKING:
     from pipetune.spec import JobSpec, SpaceDrop
     from pipetune.tracking import StudyTracker
     from pipetune.tracking.api import Tracker
-
-#: The attribute a log record carries (through ``extra``) for a line meant for a person
-#: at the terminal: the command line prints it as its own ``warning:`` line.
-NOTICE_ATTR = "pipetune_notice"
-NOTICE = {NOTICE_ATTR: "warning"}
-#: The attribute of a log record repeating a line the terminal has shown already (the
-#: study's notice, said again in its flow run's log): kept off the terminal.
-SAID_ATTR = "pipetune_said"
-SAID = {SAID_ATTR: True}
-
-#: Observers that every study run in this context hears (:func:`observing`).
-_OBSERVING: contextvars.ContextVar[tuple[Observer, ...]] = contextvars.ContextVar(
-    "pipetune_observing", default=())
-
-
-@contextlib.contextmanager
-def observing(observer: Observer) -> Iterator[Observer]:
-    """Every study run inside the block (in this thread or a task it starts, e.g. a
-    Prefect flow called here) also tells ``observer`` its events
-    (:mod:`pipetune.engine.events`): how the command line's live table watches a study it
-    starts through the flow. Scoped to the block and the context, not a global."""
-    token = _OBSERVING.set((*_OBSERVING.get(), observer))
-    try:
-        yield observer
-    finally:
-        _OBSERVING.reset(token)
-
 
 @dataclass(frozen=True)
 class StudyOptions:
@@ -207,6 +189,8 @@ def open_study(spec: JobSpec, options: StudyOptions, *, policy: Any = None,
     trackers = [_own_tracker(i, path, spec, study_id, journal.folder)
                 for i, path in enumerate(spec.tracking.trackers)]
     refused = _mark_running(spec, options, journal, tracker, log)
+    if _OPENED.get() is not None:  # a caller collecting the studies opened (the bench)
+        _OPENED.get().append(study)
     return OpenedStudy(study=study, journal=journal, tracker=tracker, checkpoints=checkpoints,
                        client=client, tracking_uri=tracking_uri, dropped=tuple(dropped),
                        log=log, refused=refused, trackers=trackers)
@@ -549,5 +533,5 @@ def evaluate_best(study: Study, backend: EpochBackend) -> dict[str, float]:
     return {f"best_checkpoint_{k}": v for k, v in metrics.items()}
 
 
-__all__ = ["NOTICE", "NOTICE_ATTR", "OpenedStudy", "StudyOptions", "check_study",
-           "evaluate_best", "observing", "open_study"]
+__all__ = ["NOTICE", "NOTICE_ATTR", "SAID", "SAID_ATTR", "OpenedStudy", "StudyOptions",
+           "check_study", "collecting_opened", "evaluate_best", "observing", "open_study"]

@@ -92,7 +92,7 @@ def test_observers_hear_every_event_in_order_and_the_journal_keeps_the_replayed_
         mine = [type(e).__name__ for e in heard if e.trial_id == trial_id]
         assert mine[:2] == ["TrialStarted", "EpochSent"] and mine[-1] == "TrialEnded"
         assert mine.index("EpochFinished") < mine.index("Decided")
-    assert isinstance(heard[-1], Stepped) and heard[-1].study is s
+    assert isinstance(heard[-1], Stepped) and heard[-1].view.study_id == s.study_id
     journaled = [e.journal_kind for e in heard if e.journaled]
     assert [e.kind for e in journal.events()] == journaled
     assert set(journaled) == {"start", "result", "decision"}
@@ -153,3 +153,34 @@ def test_side_by_side_a_config_pays_for_the_cpu_it_kept_busy_beyond_its_cores(tm
     idle = dataclasses.replace(m, cpu_s=0.3 * m.own_wall_s + m.overhead_in_epoch_s)
     waiting = type(epoch)(**{**epoch.__dict__, "measurement": idle})
     assert side.epoch_cost(waiting) == pytest.approx(idle.cost("time"))  # its 1 core
+
+
+def test_observers_get_a_read_only_view_of_the_study_never_the_engine(tmp_path):
+    from pipetune.engine.view import StudyView, TrialRow
+
+    s = study(tmp_path, search={"max_concurrent": 2, "algorithm": "random"})
+    views: list[StudyView] = []
+    rows_then: list[list[TrialRow]] = []
+
+    def watch(event: StudyEvent) -> None:
+        if isinstance(event, Stepped):
+            views.append(event.view)
+            rows_then.append(event.view.trials())
+
+    s.observe(watch)
+    s.run(LocalBackend())
+    view = views[-1]
+    assert isinstance(view, StudyView) and not hasattr(view, "step")
+    assert not any(hasattr(v, "study") for v in views)
+    assert (view.name, view.trials_planned, view.trials_started) == ("engine", 2, 2)
+    assert [r.trial_id for r in view.trials()] == [0, 1]
+    assert [r.trial_id for r in view.trials(last=1)] == [1]
+    assert all(r.epochs_run == 3 and r.state == "completed" for r in view.trials())
+    best = view.best()
+    assert best is not None and best.trial_id == s.best_trial().trial_id
+    assert best.value == s.best_trial().last_value(s.metric)
+    # What a read returned stays as it was: a snapshot, not a window on the engine.
+    first_read = next(rows for rows in rows_then if rows)
+    assert first_read[0].epochs_run < 3 == view.trials()[0].epochs_run
+    with pytest.raises(AttributeError):
+        first_read[0].epochs_run = 5

@@ -12,9 +12,15 @@ from pipetune.engine.study import Trial
 
 
 def _study():
+    """A study's read-only view, as the engine hands its observers one, over a stand-in
+    with what the view reads."""
+    from pipetune.engine.view import StudyView
+
     trial = Trial(trial_id=0, params={"lr": 0.1}, seed=0)
-    return SimpleNamespace(spec=SimpleNamespace(name="log-job"), trials={0: trial},
-                           in_flight=1, max_epochs=3, best_trial=lambda: None)
+    return StudyView(SimpleNamespace(
+        spec=SimpleNamespace(name="log-job", search=SimpleNamespace(trials=1)),
+        trials={0: trial}, in_flight=1, max_epochs=3, best_trial=lambda: None,
+        metric="accuracy", study_id="log-job-1"))
 
 
 SUMMARY = {
@@ -60,15 +66,16 @@ def test_the_table_is_rebuilt_at_most_four_times_a_second_and_the_last_step_is_s
     drawn: list[int] = []
 
     class Counting(_LiveDisplay):
-        def update(self, study) -> None:
-            drawn.append(len(study.trials))
-            super().update(study)
+        def update(self, view) -> None:
+            drawn.append(view.trials_started)
+            super().update(view)
 
     display = Counting(trials=300, metric="accuracy")
     with display:
-        study = _study()
+        view = _study()
+        trials = view._study.trials  # the stand-in's own trials, grown as a study grows
         for i in range(1, 301):  # 300 steps, as fast as the loop can go
-            study.trials[i] = Trial(trial_id=i, params={"lr": 0.1}, seed=i)
-            display.observe(Stepped(study=study))
+            trials[i] = Trial(trial_id=i, params={"lr": 0.1}, seed=i)
+            display.observe(Stepped(view=view))
         assert 1 <= len(drawn) <= 3, drawn
     assert drawn[-1] == 301  # closing drew the newest step

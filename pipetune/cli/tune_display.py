@@ -52,30 +52,29 @@ class LiveDisplay:
         if not isinstance(event, Stepped):
             return
         if time.monotonic() - self._last < self.EVERY_S:
-            self._pending = event.study
+            self._pending = event.view
             return
-        self.update(event.study)
+        self.update(event.view)
 
 
-    def update(self, study) -> None:
+    def update(self, view) -> None:
+        """Draw the table from ``view`` (a :class:`~pipetune.engine.view.StudyView`)."""
         if self._live is None:
             return
         from rich.table import Table
 
-        best = study.best_trial()
-        best_txt = (f"{self.metric}={best.last_value(self.metric):.4f} (trial {best.trial_id})"
-                    if best else "-")
-        table = Table(title=f"{study.spec.name}: {len(study.trials)}/{self.trials} trials, "
-                            f"{study.in_flight} epochs running, best {best_txt}")
+        best = view.best()
+        best_txt = (f"{self.metric}={best.value:.4f} (trial {best.trial_id})"
+                    if best is not None and best.value is not None else "-")
+        table = Table(title=f"{view.name}: {view.trials_started}/{self.trials} trials, "
+                            f"{view.in_flight} epochs running, best {best_txt}")
         for col in ("trial", "state", "epochs", "last phase", "system", self.metric):
             table.add_column(col)
-        for t in sorted(study.trials.values(), key=lambda t: t.trial_id)[-12:]:
-            last = t.results[-1] if t.results else None
-            value = t.last_value(self.metric)
+        for t in view.trials(last=12):
             table.add_row(
-                str(t.trial_id), t.state, f"{t.epochs_run}/{study.max_epochs}",
-                last.phase.value if last else "-", last.system.label() if last else "-",
-                f"{value:.4f}" if value is not None else "-",
+                str(t.trial_id), t.state, f"{t.epochs_run}/{view.max_epochs}",
+                t.last_phase or "-", t.last_system or "-",
+                f"{t.value:.4f}" if t.value is not None else "-",
             )
         self._live.update(table)
         self._shown = True

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from pipetune.engine.study import Study
     from pipetune.engine.trial import Trial
+    from pipetune.engine.view import StudyView
     from pipetune.runner import EpochResult, EpochTask
     from pipetune.tuner import GroundTruthMatch, TuningDecision
 
@@ -190,9 +190,11 @@ class TrialEnded(_OfTrial):
 
 @dataclass(frozen=True)
 class Stepped(StudyEvent):
-    """The engine finished a step (or is about to run its first): a display redraws."""
+    """The engine finished a step (or is about to run its first): a display redraws.
+    ``view`` is what it may read of the study (:class:`~pipetune.engine.view.StudyView`,
+    read-only), never the engine itself."""
 
-    study: Study
+    view: StudyView
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,10 @@ else, one finished epoch per :meth:`Study.step`::
     study.run(LocalBackend())                      # or DaskBackend(client), or the flow's
     study.summary()
 
-Searcher, scheduler and system tuner are policies consulted here; they never train,
-submit or log. The engine writes the ground truth (a store, not a log) when the tuner
-says which config to record. Everything else hears what happened from the engine's
-events (:mod:`pipetune.engine.events`): ``study.observe(fn)``. The journal, the MLflow record,
-the live table and the Prefect flow's task runs are observers; none calls back in.
+Searcher, scheduler and system tuner are policies here; they never train, submit or
+log. The engine writes the ground truth when the tuner says what to record. The rest
+(journal, records, live table) hears of it through events (``study.observe(fn)``, with
+a read-only :mod:`~pipetune.engine.view`); none calls back in.
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ from pipetune.engine.journal import JournalError
 from pipetune.engine.one_time import OneTimeLedger
 from pipetune.engine.replay import replayable, store_refused
 from pipetune.engine.trial import StepEvent, Trial
+from pipetune.engine.view import StudyView
 from pipetune.errors import refused_by_store
 from pipetune.reports import StudySummary, study_summary
 from pipetune.runner import EpochFailure, EpochResult, EpochTask
@@ -718,7 +718,7 @@ class Study:
         if self.on_epoch_done(result) is Decision.CONTINUE:
             self._plan_next(trial)
             event = StepEvent(trial, result, ended=False)
-            self._emit(Stepped(self))
+            self._emit(Stepped(StudyView(self)))
             return event
         return self._ended(backend, StepEvent(trial, result, ended=True))
 
@@ -734,7 +734,7 @@ class Study:
     def _ended(self, backend: EpochBackend, event: StepEvent) -> StepEvent:
         backend.release(self.study_id, event.trial.trial_id)  # its checkpoints on storage
         self._emit(TrialEnded(event.trial))
-        self._emit(Stepped(self))
+        self._emit(Stepped(StudyView(self)))
         return event
 
     def _timed(self, trial: Trial, what: str, policy: Callable[[int], Any],
@@ -770,7 +770,7 @@ class Study:
 
         self.observe(results)
         try:
-            self._emit(Stepped(self))
+            self._emit(Stepped(StudyView(self)))
             while not self.done:
                 event = self.step(backend)
                 if on_step is not None:
