@@ -20,6 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipetune import policies
+from pipetune.spec.sections import IMPORT_PATH_PATTERN
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
@@ -177,11 +180,21 @@ def test_the_job_parameter_schema_is_the_job_spec_field_for_field(schema):
                     if hasattr(m, bound):
                         assert value_schema[key] == getattr(m, bound), where
             annotation = field.annotation
-            if typing.get_origin(annotation) is typing.Literal:
+            if (path, name) in POLICY_FIELDS:  # a built-in name, or an import path
+                names, pattern = prop["anyOf"]
+                assert names["enum"] == list(POLICY_FIELDS[path, name]()), where
+                assert pattern == {"type": "string", "pattern": IMPORT_PATH_PATTERN}, where
+            elif typing.get_origin(annotation) is typing.Literal:
                 assert prop["enum" if "enum" in prop else "const"] in (
                     list(typing.get_args(annotation)), typing.get_args(annotation)[0]), where
             elif annotation in JSON_TYPES:
                 assert prop["type"] == JSON_TYPES[annotation], where
+
+
+#: Fields whose value is a policy's name (pipetune.policies): the schema lists the
+#: built-in names and takes any import path.
+POLICY_FIELDS = {("search", "algorithm"): policies.searcher_names,
+                 ("early_stopping", "policy"): policies.scheduler_names}
 
 
 def test_the_system_and_space_schemas_come_from_the_knobs_and_distributions(schema):

@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from pipetune.errors import SpecError, SystemConfigError, WorkloadError
-from pipetune.policies import check_name
+from pipetune.policies import check_name, scheduler_names, searcher_names
 from pipetune.space import Distribution, space_from_json, space_json_schema, space_to_json
 from pipetune.system.config import KNOBS, MachineInfo, SystemConfig, knob_json_schema
 
@@ -308,7 +308,7 @@ class SearchSpec(_Section):
 
     #: A built-in searcher (``random``, ``grid``, ``tpe``), one registered with
     #: :func:`pipetune.policies.register_searcher`, or ``package.module:Factory``.
-    algorithm: Annotated[str, _policy_schema(("grid", "random", "tpe"), "tpe")] = "tpe"
+    algorithm: Annotated[str, _policy_schema(searcher_names(), "tpe")] = "tpe"
     trials: int = Field(ge=1, le=100_000)
     seed: int = Field(0, ge=0, le=MAX_SEED)
     max_concurrent: int = Field(1, ge=1, le=4096)
@@ -338,7 +338,7 @@ class EarlyStoppingSpec(_Section):
 
     #: ``asha``, ``none``, one registered with
     #: :func:`pipetune.policies.register_scheduler`, or ``package.module:Factory``.
-    policy: Annotated[str, _policy_schema(("asha", "none"), "asha")] = "asha"
+    policy: Annotated[str, _policy_schema(scheduler_names(), "asha")] = "asha"
     min_epochs: int = Field(1, ge=1)
     max_epochs: int = Field(ge=1)
     reduction_factor: int = Field(2, ge=2)
