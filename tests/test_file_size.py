@@ -23,7 +23,6 @@ STILL_BIG = {
     "pipetune/bench/ray_tune.py": 607,
     "pipetune/dask/backend.py": 587,
     "pipetune/session.py": 553,
-    "pipetune/groundtruth/sql.py": 541,
     "pipetune/tracking/tracker.py": 534,
 }
 

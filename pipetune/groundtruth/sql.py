@@ -13,16 +13,12 @@ with :func:`~pipetune.groundtruth.store.record_problem` on write and on read; a 
 is reported by its row id and :meth:`SqlStore.repair` deletes the bad rows after
 exporting the whole table to a JSON backup file.
 
-The tables and the engines (one per URL per process, ``pool_pre_ping``) are in
-:mod:`pipetune.groundtruth.sqlschema`; the store pickles without its engine. Passwords
-never appear in :attr:`SqlStore.location`, ``repr`` or error messages.
-
-A database server may restart (or a connection break) under a running study: every
-read and write is one transaction, run again whole while the server does not answer,
-for up to :data:`~pipetune.groundtruth.sqlschema.RETRY_S` seconds from the first
-failure, then a one-line :class:`GroundTruthError`. A write whose COMMIT got no answer
-is found again by its token and not written twice (:meth:`SqlStore._transaction`).
-SQLite files are not retried: a local file has no server to wait for.
+The tables and engines are in :mod:`pipetune.groundtruth.sqlschema` (the store pickles
+without its engine); URLs, masked passwords and the wait for a server that does not
+answer in :mod:`pipetune.groundtruth.sql_connect`. Every read and write is one
+transaction, run again whole while the server does not answer; a write whose COMMIT
+got no answer is found again by its token and not written twice
+(:meth:`SqlStore._transaction`). SQLite files are not retried.
 """
 
 from __future__ import annotations
@@ -31,9 +27,7 @@ import contextlib
 import json
 import logging
 import os
-import random
 import re
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -43,15 +37,14 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import exc
-from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.engine import URL, Connection, Engine
 
 from pipetune.errors import GroundTruthError
+from pipetune.groundtruth.sql_connect import _Waiting, mask, retry_budget, sql_url
 from pipetune.groundtruth.sqlschema import (
     ENGINES,
     ENGINES_LOCK,
     READY,
-    RETRY_ENV,
-    RETRY_S,
     SQLITE_TABLES,
     TOKEN_KEEP,
     WRITE,
@@ -80,87 +73,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _SCHEMA_LOCK = 0x70697065  # PostgreSQL advisory lock key for creating the schema ("pipe")
-
-#: URL schemes a ground truth accepts -> the SQLAlchemy driver that serves each.
-_SCHEMES = {"postgresql": "postgresql+psycopg", "postgres": "postgresql+psycopg",
-            "postgresql+psycopg": "postgresql+psycopg", "sqlite": "sqlite",
-            "sqlite+pysqlite": "sqlite"}
-
-
-def mask(text: str) -> str:
-    """``text`` with the password of any ``scheme://user:password@`` in it as ``***``."""
-    return re.sub(r"(://[^:/@\s]*):[^@\s]*@", r"\1:***@", text)
-
-
-def sql_url(location: str | URL) -> URL:
-    """The SQLAlchemy URL of a ground-truth location: ``postgresql://`` and
-    ``postgresql+psycopg://`` (both driven by psycopg 3) or ``sqlite:///FILE``."""
-    try:
-        url = location if isinstance(location, URL) else make_url(location)
-    except (exc.ArgumentError, ValueError):
-        raise GroundTruthError(f"not a database URL: {mask(str(location))!r}") from None
-    driver = _SCHEMES.get(url.drivername)
-    if driver is None:
-        raise GroundTruthError(
-            f"{url.render_as_string(hide_password=True)}: a ground-truth URL starts with "
-            "postgresql://, postgresql+psycopg:// or sqlite:///")
-    if driver == "sqlite" and url.database in (None, "", ":memory:"):
-        raise GroundTruthError("a SQLite ground truth needs a file: sqlite:///PATH")
-    return url.set(drivername=driver)
-
-
-def retry_budget() -> float:
-    """Seconds to wait for a database server that does not answer: ``RETRY_S``, or
-    ``$PIPETUNE_GROUNDTRUTH_RETRY_S``."""
-    raw = os.environ.get(RETRY_ENV, "").strip()
-    if not raw:
-        return RETRY_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise GroundTruthError(f"{RETRY_ENV}={raw!r}: give a number of seconds, 0 or more")
-    return value
-
-
-class _Waiting:
-    """The waits of one transaction for its database server: backoff from 0.1 s to 2 s
-    (jittered, so many workers do not knock at once), for ``store.retry_s`` seconds
-    from the first failure; then a :class:`GroundTruthError` naming the store."""
-
-    def __init__(self, store: SqlStore) -> None:
-        self.store = store
-        self.since: float | None = None
-        self.tries = 0
-        self.delay = 0.1
-
-    def wait(self, err: exc.DBAPIError) -> None:
-        now = time.monotonic()
-        self.tries += 1
-        store = self.store
-        if self.since is None:
-            self.since = now
-            if store.retry_s > 0:
-                log.warning("ground truth %s: the database did not answer (%s); trying again "
-                            "for up to %.0f s", store.location, store._first_line(err),
-                            store.retry_s)
-        left = self.since + store.retry_s - now
-        if left <= 0:
-            if store.retry_s <= 0:
-                raise store._failure(err) from None
-            raise GroundTruthError(
-                f"{store.location}: the database did not answer for {store.retry_s:g} s "
-                f"({self.tries} tries; {RETRY_ENV} sets how long): "
-                f"{store._first_line(err)}") from None
-        time.sleep(min(left, self.delay * random.uniform(0.5, 1.0)))
-        self.delay = min(self.delay * 2, 2.0)
-
-    def done(self) -> None:
-        if self.since is not None:
-            log.warning("ground truth %s: the database answered again after %.1f s",
-                        self.store.location, time.monotonic() - self.since)
-
 
 @dataclass(frozen=True)
 class _Row:
@@ -527,15 +439,12 @@ class SqlStore:
             self._bump(conn)
             return True
 
-        if not self._transaction(write, write=True):
-            return
-        log.info("imported %d ground-truth records from %s into %s (the JSON file is no "
-                 "longer read)", len(records), legacy, self.location)
+        if self._transaction(write, write=True):
+            log.info("imported %d ground-truth records from %s into %s (the JSON file is "
+                     "no longer read)", len(records), legacy, self.location)
 
     @staticmethod
     def _legacy_done(conn: Connection) -> bool:
         """Whether the legacy file was imported, or the store is in use without it."""
-        done = conn.execute(sa.select(state_table.c.legacy_import)).scalar()
-        if done is not None:
-            return True
-        return conn.execute(sa.select(records_table.c.id).limit(1)).first() is not None
+        return conn.execute(sa.select(state_table.c.legacy_import)).scalar() is not None \
+            or conn.execute(sa.select(records_table.c.id).limit(1)).first() is not None
