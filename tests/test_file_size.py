@@ -15,7 +15,7 @@ FILES = sorted(p for top in ("pipetune", "flows", "tasks", "deployments")
                for p in (ROOT / top).rglob("*.py") if "__pycache__" not in p.parts)
 
 #: Over the bar when the rule came (2026-12-07): the most lines each may have until it
-#: is split.
+#: is split (lowered as each shrinks).
 STILL_BIG = {
     "pipetune/engine/study.py": 863,
     "pipetune/tuner.py": 697,
@@ -23,7 +23,7 @@ STILL_BIG = {
     "pipetune/bench/ray_tune.py": 607,
     "pipetune/dask/backend.py": 587,
     "pipetune/session.py": 553,
-    "pipetune/tracking/tracker.py": 534,
+    "pipetune/tracking/tracker.py": 475,
 }
 
 

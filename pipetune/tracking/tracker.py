@@ -14,8 +14,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipetune.errors import refused_by_store
-from pipetune.states import Phase, TrialState
+from pipetune.states import TrialState
 from pipetune.tracking.api import Tracker
+from pipetune.tracking.names import (  # STUDY_METRIC_PREFIX ... profile_rows: re-exported
+    PHASE_CODES,
+    _ms_ceil,
+    _ms_floor,
+    phase_runs,
+    profile_rows,
+    study_metric_name,
+    trial_started,
+)
 from pipetune.tracking.sink import MlflowSink
 from pipetune.tracking.spool import SpoolNote, spool_path
 from pipetune.tracking.store import DEFAULT_EXPERIMENT, mlflow_client
@@ -29,53 +38,6 @@ if TYPE_CHECKING:
     from pipetune.spec import JobSpec
 
 logger = logging.getLogger(__name__)
-
-#: Every metric of the study's (parent) run is named with this prefix: the summary's
-#: ``energy_j`` is ``study_energy_j`` there, so no study-level figure shares a name, and
-#: so a chart, with a per-trial metric (the trials' ``energy_j`` per epoch).
-STUDY_METRIC_PREFIX = "study_"
-
-#: Metric ``phase_code`` of a trial run, per epoch: its phase as a number a chart can
-#: plot (the tag ``epoch.NNN.phase`` names it).
-PHASE_CODES: dict[Phase, int] = {Phase.PROFILE: 0, Phase.PROBE: 1, Phase.TRAIN: 2}
-
-
-def study_metric_name(key: str) -> str:
-    """The name of the study summary's ``key`` on the study's MLflow run.
-
-    >>> study_metric_name("energy_j"), study_metric_name("best_checkpoint_accuracy")
-    ('study_energy_j', 'study_best_checkpoint_accuracy')
-    """
-    return key if key.startswith(STUDY_METRIC_PREFIX) else STUDY_METRIC_PREFIX + key
-
-
-def _ms_floor(t: float) -> int:
-    return math.floor(t * 1000)
-
-
-def _ms_ceil(t: float) -> int:
-    return math.ceil(t * 1000)
-
-
-def trial_started(trial: Trial) -> float:
-    """When ``trial`` started: the engine's ``started`` (or now when unknown), or its
-    first epoch's start on the worker if that is earlier (another host's clock)."""
-    started = trial.started if trial.started is not None else time.time()
-    if trial.results:
-        started = min(started, trial.results[0].started)
-    return started
-
-
-def phase_runs(trial: Trial) -> str:
-    """The phases of ``trial``'s epochs in order, as runs: ``profile, probe x2, train x3``."""
-    runs: list[list[Any]] = []
-    for r in trial.results:
-        if runs and runs[-1][0] == r.phase.value:
-            runs[-1][1] += 1
-        else:
-            runs.append([r.phase.value, 1])
-    return ", ".join(p if n == 1 else f"{p} x{n}" for p, n in runs)
-
 
 #: ``resume_run_id`` of a resumed study whose journal never heard its run's id (killed
 #: before the run, opened beside the training, answered): the store is searched for it.
@@ -511,24 +473,3 @@ class StudyTracker(Tracker):
             return {}
         return {int(r.data.tags["pipetune.trial_id"]): r.info.run_id for r in runs
                 if "pipetune.trial_id" in r.data.tags}
-
-
-def profile_rows(trial: Trial) -> list[dict[str, Any]]:
-    """One row per epoch: phase, system config and every profile feature."""
-    rows: list[dict[str, Any]] = []
-    for r in trial.results:
-        m = r.measurement
-        rows.append({
-            "epoch": r.epoch,
-            "phase": r.phase.value,
-            "system": r.system.label(),
-            "wall_s": m.wall_s,
-            "samples_per_s": m.samples_per_s,
-            "energy_j": m.energy_j,
-            "energy_source": m.energy_source,
-            "counters_source": m.counters_source,
-            **m.profile.features,
-        })
-        if r.phase.value != "profile":  # the operator mix is sampled in the profiled epoch only
-            rows[-1].update({k: None for k in m.profile.features if k.startswith("op_")})
-    return rows
