@@ -6,8 +6,7 @@ load without Prefect (a study starts training before Prefect is loaded)."""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from pipetune.lazy import lazy_names
 
 _WHERE = {
     "PrefectEpochBackend": "tasks.recorded",
@@ -20,7 +19,4 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'tasks' has no attribute {name!r}")
-    return getattr(importlib.import_module(_WHERE[name]), name)
+__getattr__, __dir__ = lazy_names(__name__, _WHERE)

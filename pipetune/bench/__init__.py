@@ -25,8 +25,7 @@ The names below are re-exported here, loaded on first use (a peer's fresh proces
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from pipetune.lazy import lazy_names
 
 _WHERE = {
     "BENCH_EXPERIMENT": "pipetune.bench.tracker",
@@ -62,13 +61,4 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        value = getattr(importlib.import_module(_WHERE[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WHERE))
+__getattr__, __dir__ = lazy_names(__name__, _WHERE)
