@@ -133,6 +133,7 @@ def run_pipetune(job: dict, work: Path, name: str, home: Path) -> dict:
             "best": m.get("best_value"), "tuning_s": tuning,
             "busy": busy / (tuning * budget) if tuning > 0 else float("nan"),
             "outside_tuning_s": wall - tuning, "probes": int(m["probe_epochs"]),
+            "slots_busy": m.get("slots_busy"),
             "hits": f"{int(m['groundtruth_hits'])}/{int(m['groundtruth_lookups'])}"}
 
 
