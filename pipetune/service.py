@@ -76,17 +76,21 @@ def service_key(cwd: str | None = None) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def code_fingerprint() -> str:
+def code_fingerprint(*tops: str) -> str:
     """Newest change to pipetune's own source (an edited checkout must not be served by
-    workers that imported the old one): its files' modification times, hashed."""
-    root = Path(__file__).resolve().parent
+    workers that imported the old one), and to the packages ``tops`` installed beside it
+    (``flows``, ``tasks``: what a spare driver imports): the files' modification times,
+    hashed."""
+    here = Path(__file__).resolve().parent
     stamps = []
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = [d for d in dirs if d != "__pycache__"]
-        for name in files:
-            if name.endswith(".py"):
-                with contextlib.suppress(OSError):
-                    stamps.append(f"{name}:{os.stat(os.path.join(folder, name)).st_mtime_ns}")
+    for root in (here, *(here.parent / top for top in tops)):
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for name in files:
+                if name.endswith(".py"):
+                    with contextlib.suppress(OSError):
+                        path = os.path.join(folder, name)
+                        stamps.append(f"{path}:{os.stat(path).st_mtime_ns}")
     return hashlib.sha256("\n".join(sorted(stamps)).encode()).hexdigest()[:16]
 
 

@@ -52,23 +52,25 @@ DRIVER_PRELOAD = ("pipetune.cli.tune", "pipetune.cli.tune_display", "pipetune.se
                   "matplotlib.patches", "rich.live", "rich.table")
 #: Signals the thin command passes on to its driver.
 FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGWINCH", "SIGUSR1", "SIGUSR2")
-_SOURCES = ("pipetune", "flows", "tasks")
 #: Set in a spare driver running a command: it never hands over again.
 IS_DRIVER = False
 
 
 def _keep_warm_off(argv: Sequence[str]) -> bool:
-    values = [os.environ.get("PIPETUNE_KEEP_WARM_S", "")]
+    """Whether ``--keep-warm`` (else ``$PIPETUNE_KEEP_WARM_S``) says 0; a bad value is
+    left to the command to refuse."""
+    from pipetune.service import keep_warm_s
+
+    value = None
     for i, arg in enumerate(argv):
         if arg == "--keep-warm" and i + 1 < len(argv):
-            values.append(argv[i + 1])
+            value = argv[i + 1]
         elif arg.startswith("--keep-warm="):
-            values.append(arg.split("=", 1)[1])
-    for value in values:
-        with contextlib.suppress(ValueError):
-            if float(value) == 0:
-                return True
-    return False
+            value = arg.split("=", 1)[1]
+    try:
+        return keep_warm_s(None if value is None else float(value)) == 0
+    except (ValueError, PipetuneError):
+        return False
 
 
 def driver_socket() -> Path:
@@ -142,21 +144,9 @@ def _follow(sock: socket.socket, pid: int) -> int:
 
 def sources_fingerprint() -> str:
     """The newest change to the sources a driver imports (pipetune, flows, tasks)."""
-    import hashlib
+    from pipetune.service import code_fingerprint
 
-    import pipetune
-
-    root = Path(pipetune.__file__).resolve().parent.parent
-    stamps = []
-    for top in _SOURCES:
-        for folder, dirs, files in os.walk(root / top):
-            dirs[:] = [d for d in dirs if d != "__pycache__"]
-            for name in files:
-                if name.endswith(".py"):
-                    with contextlib.suppress(OSError):
-                        stamps.append(
-                            f"{folder}/{name}:{os.stat(os.path.join(folder, name)).st_mtime_ns}")
-    return hashlib.sha256("\n".join(sorted(stamps)).encode()).hexdigest()[:16]
+    return code_fingerprint("flows", "tasks")
 
 
 def _warm_up() -> None:
