@@ -3,7 +3,14 @@ the clients that talk to them."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
+from collections.abc import Iterator
+
+#: The longest path an ``AF_UNIX`` socket address holds (``sun_path``, 108 bytes with
+#: its final NUL on Linux).
+UNIX_PATH_MAX = 107
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -41,3 +48,21 @@ def port_free(host: str, port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+@contextlib.contextmanager
+def unix_address(path: str | os.PathLike) -> Iterator[str]:
+    """An address for ``bind``/``connect`` that names the socket file ``path``, however
+    deep it is: ``path`` itself when it fits a socket address, else the same file
+    reached through an open handle on its folder (``/proc/self/fd/N/name``). The handle
+    is closed on leaving; a bound or connected socket does not need it any more."""
+    path = os.fspath(path)
+    if len(os.fsencode(path)) <= UNIX_PATH_MAX:
+        yield path
+        return
+    folder, name = os.path.split(path)
+    fd = os.open(folder or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}/{name}"
+    finally:
+        os.close(fd)

@@ -228,6 +228,12 @@ def _stop_pid(pid: int, grace: float = 20.0) -> bool:
     return True
 
 
+def _spares_in(folder: Path, suffix: str) -> list[str]:
+    """The spares with a ``<name>.<suffix>`` file in ``folder`` (``sock``: waiting;
+    ``failed``: the last one exited before it waited)."""
+    return sorted(p.stem for p in folder.glob(f"*.{suffix}") if p.stem in SPARE_NAMES)
+
+
 def services() -> list[dict]:
     """Every service recorded under this pipetune home, with ``alive`` and ``leases``."""
     root = services_root()
@@ -238,8 +244,8 @@ def services() -> list[dict]:
             continue
         leases = _live_leases(folder)
         found.append({**record, "folder": str(folder), "alive": _alive(record["pid"]),
-                      "leases": leases, "spares": sorted(
-                          p.stem for p in folder.glob("*.sock") if p.stem in SPARE_NAMES)})
+                      "leases": leases, "spares": _spares_in(folder, "sock"),
+                      "failed_spares": _spares_in(folder, "failed")})
     return found
 
 
@@ -330,12 +336,15 @@ class _Spare:
             if proc.poll() is not None:
                 self.procs.remove(proc)
         newest = self.procs[-1] if self.procs else None
+        failed = folder / f"{Path(self.socket_name).stem}.failed"
         if (folder / self.socket_name).exists():
             self.seen_waiting = True
+            failed.unlink(missing_ok=True)
             return
         if newest is not None and not self.seen_waiting:
             if newest.poll() is None:
                 return  # still importing
+            failed.write_text(f"exit code {newest.returncode}; see {self.log_name}\n")
             if time.monotonic() - self.started < 60:
                 return  # it died before it waited: not again at once
         with open(folder / self.log_name, "ab") as out:

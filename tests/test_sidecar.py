@@ -107,10 +107,14 @@ def _alive(pid: int) -> bool:
 def test_a_spare_recorder_started_ahead_becomes_this_process_recorder(tmp_path, monkeypatch):
     """The warm service's spare (pipetune.sidecar.spare): started before the command,
     it takes the command's environment, path and folder, answers on the command's pipes
-    and, once its input closes, has written everything and exits."""
+    and, once its input closes, has written everything and exits. Its folder is deeper
+    than a socket address holds (a user's ``PIPETUNE_HOME`` may be)."""
     from pipetune.sidecar.spare import start_spare
 
-    sock = tmp_path / "recorder.sock"
+    folder = tmp_path / "a-home-deeper-than-a-unix-socket-address-holds" / ("x" * 60)
+    folder.mkdir(parents=True)
+    sock = folder / "recorder.sock"
+    assert len(str(sock)) > 108
     spare = start_spare(str(sock), str(tmp_path / "recorder.log"))
     try:
         deadline = time.monotonic() + 120

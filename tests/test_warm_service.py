@@ -170,7 +170,9 @@ def _wait_for_spares(tmp_path: Path, env: dict) -> None:
         if "spare driver and recorder waiting" in out and "in use" not in out:
             return
         time.sleep(0.5)
-    raise AssertionError(f"the spares never waited: {out}")
+    logs = {p.name: p.read_text()[-2000:]
+            for p in (tmp_path / "home" / "service").glob("*/*.log")}
+    raise AssertionError(f"the spares never waited: {out}\n{logs}")
 
 
 def _journal_results(tmp_path: Path) -> int:
@@ -234,3 +236,22 @@ def test_a_command_handed_to_the_warm_driver_runs_and_stops_as_its_own(tmp_path)
     finally:
         stop = _pipetune(tmp_path, env, "service", "stop")
     assert stop.returncode == 0, stop.stderr
+
+
+def test_a_spare_that_exits_before_it_waits_is_named_not_restarted_at_once(tmp_path):
+    """A spare that dies while warming up (its log says why) is marked ``<name>.failed``
+    for ``pipetune service status``, and is not started again within the minute."""
+    from pipetune import service
+
+    spare = service._Spare("driver.sock", "driver.log",
+                           ["-c", "import sys; print('cannot warm up'); sys.exit(3)"])
+    spare.keep(tmp_path)
+    assert spare.procs[-1].wait(timeout=60) == 3
+    spare.keep(tmp_path)
+    assert (tmp_path / "driver.failed").read_text().startswith("exit code 3")
+    assert service._spares_in(tmp_path, "failed") == ["driver"]
+    assert len(spare.procs) == 1  # not again at once
+    assert "cannot warm up" in (tmp_path / "driver.log").read_text()
+    (tmp_path / "driver.sock").touch()  # a later one waits: the mark goes
+    spare.keep(tmp_path)
+    assert service._spares_in(tmp_path, "failed") == []

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipetune.errors import PipetuneError
+from pipetune.net import unix_address
 from pipetune.sidecar.spare import (
     _SIZE,
     _read_exactly,
@@ -98,7 +99,8 @@ def hand_over(argv: Sequence[str], started: float) -> int | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(2.0)
     try:
-        sock.connect(str(path))
+        with unix_address(path) as address:
+            sock.connect(address)
         hello = {**command_hello(), "argv": list(argv), "started": started,
                  "pid": os.getpid()}
         pid = send_hello(sock, hello, [0, 1, 2])

@@ -21,6 +21,9 @@ def _status(_args: argparse.Namespace) -> int:
               f"{s.get('dask_address') or 'starting'}, for {s['cwd']}, up "
               f"{(time.time() - s['started']) / 60:.1f} min, {idle}; spare {spares} "
               f"waiting; files {s['folder']}")
+        for name in s.get("failed_spares", ()):
+            print(f"  the spare {name} exited before it waited: see "
+                  f"{s['folder']}/{name}.log")
     return 0
 
 

@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
+from pipetune.net import unix_address
+
 #: Environment variable naming the spare recorder's socket, for the command.
 SPARE_ENV = "PIPETUNE_SPARE_RECORDER"
 _SIZE = struct.Struct("!I")
@@ -80,7 +82,8 @@ def adopt(path: str, timeout: float = 1.0) -> Adopted | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
-        sock.connect(path)
+        with unix_address(path) as address:
+            sock.connect(address)
         # its input, its replies, and this command's stderr (its warnings are ours)
         pid = send_hello(sock, command_hello(), [to_child, from_child, 2])
     except OSError:
@@ -130,7 +133,8 @@ def listen_when_warm(path: str, warm_up: Callable[[], None]) -> socket.socket:
     then take the name ``path``: commands find a spare only once it is warm."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     tmp = f"{path}.{os.getpid()}"
-    listener.bind(tmp)
+    with unix_address(tmp) as address:  # a deep PIPETUNE_HOME is a long path
+        listener.bind(address)
     listener.listen(1)
     _at_idle_priority(warm_up)
     os.replace(tmp, path)
