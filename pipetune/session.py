@@ -362,7 +362,7 @@ class OpenedStudy:
         from pipetune.reports import load_in_background, orchestration_overhead, overhead_summary
 
         study, tracker, log = self.study, self.tracker, self.log
-        attached = [study.observe(self._record), *map(study.observe, self.trackers),
+        attached = [study.observe(self._observe), *map(study.observe, self.trackers),
                     *map(study.observe, observers), *map(study.observe, _OBSERVING.get())]
         if study.ground_truth is not None:  # fit its clusters while epoch 1 runs
             study.ground_truth.prepare_in_background()
@@ -448,7 +448,7 @@ class OpenedStudy:
                     break
 
     # -- what it records, says and returns -------------------------------------------------
-    def _record(self, event: StudyEvent) -> None:
+    def _observe(self, event: StudyEvent) -> None:
         """The study's own observer: each finished epoch and ended trial into MLflow, an
         ended trial's other checkpoints pruned, one line per ended trial."""
         from pipetune.engine.events import TrialEnded

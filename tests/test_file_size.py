@@ -17,8 +17,7 @@ FILES = sorted(p for top in ("pipetune", "flows", "tasks", "deployments")
 #: Over the bar when the rule came (2026-12-07): the most lines each may have until it
 #: is split (lowered as each shrinks).
 STILL_BIG = {
-    "pipetune/engine/study.py": 863,
-    "pipetune/tuner.py": 697,
+    "pipetune/engine/study.py": 671,
     "pipetune/tracking/sink.py": 686,
     "pipetune/bench/ray_tune.py": 607,
     "pipetune/dask/backend.py": 587,

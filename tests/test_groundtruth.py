@@ -34,7 +34,7 @@ def test_empty_store_misses(gt):
 
 
 def test_similar_profile_hits_and_survives_a_reload(gt):
-    gt.record(noisy(CONV_JOB, 1), 32, "time", CORES2, 0.01, job="cnn", trial="s/0")
+    gt.remember(noisy(CONV_JOB, 1), 32, "time", CORES2, 0.01, job="cnn", trial="s/0")
     match = gt.lookup(noisy(CONV_JOB, 2), 40, "time")  # 40 shares bucket 32
     assert match.hit and match.config == CORES2 and match.cost == 0.01
     assert match.cluster == 0 and match.bucket == 32 and match.support == 1
@@ -49,14 +49,14 @@ def test_similar_profile_hits_and_survives_a_reload(gt):
 
 
 def test_dissimilar_profile_misses_with_its_distance(gt):
-    gt.record(noisy(CONV_JOB, 1), 32, "time", CORES2, 0.01)
+    gt.remember(noisy(CONV_JOB, 1), 32, "time", CORES2, 0.01)
     match = gt.lookup(noisy(DENSE_JOB, 2), 32, "time")
     assert not match.hit and match.cluster == 0 and match.distance > match.bound
     assert match.reason.startswith("new job")
 
 
 def test_a_hit_needs_the_bucket_and_objective_too(gt):
-    gt.record(noisy(CONV_JOB, 1), 32, "time", CORES2, 0.01)
+    gt.remember(noisy(CONV_JOB, 1), 32, "time", CORES2, 0.01)
     other_bucket = gt.lookup(noisy(CONV_JOB, 2), 128, "time")
     assert not other_bucket.hit and other_bucket.cluster == 0
     assert other_bucket.distance <= other_bucket.bound
@@ -66,9 +66,9 @@ def test_a_hit_needs_the_bucket_and_objective_too(gt):
 
 def test_two_jobs_make_two_clusters_numbered_by_their_oldest_record(gt):
     for seed in range(3):
-        gt.record(noisy(DENSE_JOB, seed), 64, "time", WORKERS1, 0.002)
+        gt.remember(noisy(DENSE_JOB, seed), 64, "time", WORKERS1, 0.002)
     for seed in range(3, 5):
-        gt.record(noisy(CONV_JOB, seed), 32, "time", CORES2, 0.01)
+        gt.remember(noisy(CONV_JOB, seed), 32, "time", CORES2, 0.01)
 
     clusters = gt.clusters()
     assert [(c["id"], c["size"]) for c in clusters] == [(0, 3), (1, 2)]
@@ -86,8 +86,8 @@ def test_two_jobs_make_two_clusters_numbered_by_their_oldest_record(gt):
 def test_a_job_between_two_known_jobs_is_similar_to_neither(gt):
     # The store's spread grows with every different job; similarity must not loosen.
     for seed in range(3):
-        gt.record(noisy(DENSE_JOB, seed), 32, "time", WORKERS1, 0.002)
-        gt.record(noisy(CONV_JOB, seed + 10), 32, "time", CORES2, 0.01)
+        gt.remember(noisy(DENSE_JOB, seed), 32, "time", WORKERS1, 0.002)
+        gt.remember(noisy(CONV_JOB, seed + 10), 32, "time", CORES2, 0.01)
     # Halfway. (Measured on real workloads with 10 sampled steps: the same job under
     # another learning rate lies <= 1.5 noise units away, LeNet-5 vs the text CNN >= 3.2;
     # min_bound 2 sits between, so a job 30% of the way from a known one may match it.)
@@ -99,8 +99,8 @@ def test_a_job_between_two_known_jobs_is_similar_to_neither(gt):
 
 def test_max_clusters_caps_the_clustering(tmp_path):
     one = GroundTruth(tmp_path / "gt.json", max_clusters=1)
-    one.record(noisy(DENSE_JOB, 0), 64, "time", WORKERS1, 0.002)
-    one.record(noisy(CONV_JOB, 1), 32, "time", CORES2, 0.01)
+    one.remember(noisy(DENSE_JOB, 0), 64, "time", WORKERS1, 0.002)
+    one.remember(noisy(CONV_JOB, 1), 32, "time", CORES2, 0.01)
     [cluster] = one.clusters()
     assert cluster["size"] == 2
     # The bound grows with the spread, so both jobs are still found in it.
@@ -111,26 +111,26 @@ def test_max_clusters_caps_the_clustering(tmp_path):
 def test_best_config_is_the_lowest_median_and_support_counts_its_records(gt):
     costs = [(CORES2, 1.0), (CORES2, 1.1), (CORES2, 9.0), (WORKERS1, 1.05)]
     for seed, (config, cost) in enumerate(costs):
-        gt.record(noisy(CONV_JOB, seed), 32, "time", config, cost)
+        gt.remember(noisy(CONV_JOB, seed), 32, "time", config, cost)
     match = gt.lookup(noisy(CONV_JOB, 99), 32, "time")
     assert match.config == WORKERS1 and match.cost == 1.05 and match.support == 1
     # The median shrugs off cores=2's one bad trial (9.0), but 1.1 still loses to 1.05.
     # Two more cheap cores=2 trials bring its median to 1.0.
-    gt.record(noisy(CONV_JOB, 7), 32, "time", CORES2, 0.5)
-    gt.record(noisy(CONV_JOB, 8), 32, "time", CORES2, 0.5)
+    gt.remember(noisy(CONV_JOB, 7), 32, "time", CORES2, 0.5)
+    gt.remember(noisy(CONV_JOB, 8), 32, "time", CORES2, 0.5)
     match = gt.lookup(noisy(CONV_JOB, 99), 32, "time")
     assert match.config == CORES2 and match.cost == 1.0 and match.support == 5
 
 
 def test_equal_medians_go_to_the_config_more_trials_chose(gt):
     for seed, config in enumerate([WORKERS1, CORES2, CORES2]):
-        gt.record(noisy(CONV_JOB, seed), 32, "time", config, 1.0)
+        gt.remember(noisy(CONV_JOB, seed), 32, "time", config, 1.0)
     assert gt.lookup(noisy(CONV_JOB, 9), 32, "time").config == CORES2
 
 
 def test_a_new_record_from_elsewhere_is_seen_at_the_next_lookup(gt):
     assert not gt.lookup(noisy(CONV_JOB, 1), 32, "time").hit
-    GroundTruth(gt.path).record(noisy(CONV_JOB, 2), 32, "time", CORES2, 0.01)
+    GroundTruth(gt.path).remember(noisy(CONV_JOB, 2), 32, "time", CORES2, 0.01)
     assert gt.lookup(noisy(CONV_JOB, 1), 32, "time").hit
 
 
@@ -144,7 +144,7 @@ def test_corrupt_file_is_reported_by_path_and_left_alone(gt):
     with pytest.raises(GroundTruthError, match=str(gt.path)):
         gt.lookup(noisy(CONV_JOB, 1), 32, "time")
     with pytest.raises(GroundTruthError, match=str(gt.path)):
-        gt.record(noisy(CONV_JOB, 1), 32, "time", CORES2, 0.01)
+        gt.remember(noisy(CONV_JOB, 1), 32, "time", CORES2, 0.01)
     assert gt.path.read_text() == '{"records": [ {"features": '
     gt.path.write_text(json.dumps({"records": [{**_valid_record(), "batch_size": 0}]}))
     with pytest.raises(GroundTruthError, match="record 0: batch_size must be an integer"):
@@ -153,9 +153,9 @@ def test_corrupt_file_is_reported_by_path_and_left_alone(gt):
 
 @pytest.mark.parametrize("mode", [0o644, 0o640, 0o600])
 def test_a_rewrite_keeps_the_files_permissions(gt, mode):
-    gt.record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
+    gt.remember(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
     os.chmod(gt.path, mode)
-    gt.record(noisy(CONV_JOB, 1), 32, "time", CORES2, 0.02)
+    gt.remember(noisy(CONV_JOB, 1), 32, "time", CORES2, 0.02)
     assert stat.S_IMODE(gt.path.stat().st_mode) == mode
     assert len(gt) == 2
 
@@ -163,7 +163,7 @@ def test_a_rewrite_keeps_the_files_permissions(gt, mode):
 def test_a_new_store_gets_the_umask_permissions_not_0600(gt):
     old = os.umask(0o022)
     try:
-        gt.record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
+        gt.remember(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
     finally:
         os.umask(old)
     assert stat.S_IMODE(gt.path.stat().st_mode) == 0o644
@@ -171,7 +171,7 @@ def test_a_new_store_gets_the_umask_permissions_not_0600(gt):
 
 def test_check_reads_the_whole_store_or_says_what_is_wrong(gt):
     assert gt.check() == 0
-    gt.record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
+    gt.remember(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
     assert gt.check() == 1
     text = gt.path.read_text()
     gt.path.write_text(text.replace('"cost": 0.01', '"cost": NaN'))
@@ -182,7 +182,7 @@ def test_check_reads_the_whole_store_or_says_what_is_wrong(gt):
 def test_clear_removes_every_record_and_says_how_many(gt):
     assert gt.clear() == 0
     for seed in range(3):
-        gt.record(noisy(CONV_JOB, seed), 32, "time", CORES2, 0.01)
+        gt.remember(noisy(CONV_JOB, seed), 32, "time", CORES2, 0.01)
     assert gt.clear() == 3
     assert len(gt) == 0 and not gt.lookup(noisy(CONV_JOB, 1), 32, "time").hit
 
@@ -194,13 +194,13 @@ def test_profiles_and_values_it_cannot_use(gt):
     nan_profile = Profile({**CONV_JOB, "log_flops_proxy": math.nan})
     assert not gt.lookup(nan_profile, 32, "time").hit
     with pytest.raises(GroundTruthError, match="log_flops_proxy is not a finite number"):
-        gt.record(nan_profile, 32, "time", CORES2, 0.01)
+        gt.remember(nan_profile, 32, "time", CORES2, 0.01)
     with pytest.raises(GroundTruthError, match="objective"):
         gt.lookup(noisy(CONV_JOB, 1), 32, "speed")
     with pytest.raises(GroundTruthError, match="cost"):
-        gt.record(noisy(CONV_JOB, 1), 32, "time", CORES2, math.inf)
+        gt.remember(noisy(CONV_JOB, 1), 32, "time", CORES2, math.inf)
     with pytest.raises(GroundTruthError, match="batch size"):
-        gt.record(noisy(CONV_JOB, 1), 0, "time", CORES2, 0.01)
+        gt.remember(noisy(CONV_JOB, 1), 0, "time", CORES2, 0.01)
     assert len(gt) == 0
 
 
@@ -241,7 +241,7 @@ def test_default_path_is_in_the_pipetune_home(tmp_path, monkeypatch):
 
 
 def test_store_crosses_a_process_boundary(gt):
-    gt.record(noisy(CONV_JOB, 1), 32, "time", CORES2, 0.01)
+    gt.remember(noisy(CONV_JOB, 1), 32, "time", CORES2, 0.01)
     before = gt.lookup(noisy(CONV_JOB, 2), 32, "time")
     clone = pickle.loads(pickle.dumps(gt))
     assert clone.lookup(noisy(CONV_JOB, 2), 32, "time") == before
@@ -250,7 +250,7 @@ def test_store_crosses_a_process_boundary(gt):
 def test_a_busier_machine_or_a_fresh_process_does_not_hide_a_known_job(gt):
     """Wall-clock speed, utilisation and per-step counts move with machine load and
     process warmth; the same job measured under them must still match."""
-    gt.record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
+    gt.remember(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
     busy = {
         **CONV_JOB,
         "log_samples_per_s": CONV_JOB["log_samples_per_s"] - 0.7,  # half the speed
@@ -292,10 +292,10 @@ def _records(gt) -> list[dict]:
 def test_a_record_that_would_not_read_back_is_refused_and_nothing_written(
     gt, profile, cost, why
 ):
-    gt.record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
+    gt.remember(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
     before = gt.path.read_bytes()
     with pytest.raises(GroundTruthError, match=why):
-        gt.record(Profile(profile), 32, "time", CORES2, cost)
+        gt.remember(Profile(profile), 32, "time", CORES2, cost)
     assert gt.path.read_bytes() == before and gt.check() == 1
 
 
@@ -311,7 +311,7 @@ def test_a_store_of_another_dimension_refuses_new_records(gt, features, named):
     _write_store(gt.path, [_valid_record(features=features)])
     before = gt.path.read_bytes()
     with pytest.raises(GroundTruthError, match=r"record 0: features differ") as info:
-        gt.record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
+        gt.remember(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
     assert named in str(info.value)
     assert gt.path.read_bytes() == before
     with pytest.raises(GroundTruthError, match="features differ"):
@@ -363,8 +363,8 @@ def test_audit_of_a_file_that_is_not_a_ground_truth(gt):
 
 @pytest.mark.parametrize("mode", [0o640, 0o600])
 def test_repair_backs_up_then_keeps_the_valid_records_and_the_mode(gt, mode):
-    gt.record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
-    gt.record(noisy(CONV_JOB, 1), 32, "time", CORES2, 0.02)
+    gt.remember(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
+    gt.remember(noisy(CONV_JOB, 1), 32, "time", CORES2, 0.02)
     good = _records(gt)
     _write_store(gt.path, [good[0], {**good[1], "cost": -1}, good[1], "junk"])
     os.chmod(gt.path, mode)
@@ -390,7 +390,7 @@ def test_repair_moves_an_unparseable_file_aside_and_starts_an_empty_store(gt):
     assert gt.backup_path.read_text() == text
     assert stat.S_IMODE(gt.path.stat().st_mode) == 0o640
     assert gt.check() == 0
-    gt.record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
+    gt.remember(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
     assert len(gt) == 1
     # Corrupt again in the same second: the first set-aside copy is not overwritten.
     gt.path.write_text("{")
@@ -400,7 +400,7 @@ def test_repair_moves_an_unparseable_file_aside_and_starts_an_empty_store(gt):
 
 def test_repair_leaves_a_valid_store_alone(gt):
     assert gt.repair().backup is None and not gt.path.exists()
-    gt.record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
+    gt.remember(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
     before = gt.path.read_bytes()
     done = gt.repair()
     assert done.found.ok and done.kept == 1 and done.backup is None and done.moved is None
@@ -431,7 +431,7 @@ class CountingGroundTruth(GroundTruth):
 def test_lookups_refit_only_when_the_stores_content_changed(gt):
     writer = GroundTruth(gt.path)
     for seed in range(3):
-        writer.record(noisy(CONV_JOB, seed), 32, "time", CORES2, 0.01)
+        writer.remember(noisy(CONV_JOB, seed), 32, "time", CORES2, 0.01)
     reader = CountingGroundTruth(gt.path)
     for seed in range(5):
         assert reader.lookup(noisy(CONV_JOB, 10 + seed), 32, "time").hit
@@ -444,13 +444,13 @@ def test_lookups_refit_only_when_the_stores_content_changed(gt):
     assert reader.lookup(noisy(CONV_JOB, 20), 32, "time").hit
     assert reader.fits == 1
 
-    writer.record(noisy(DENSE_JOB, 0), 64, "time", WORKERS1, 0.002)  # from elsewhere
+    writer.remember(noisy(DENSE_JOB, 0), 64, "time", WORKERS1, 0.002)  # from elsewhere
     assert reader.lookup(noisy(DENSE_JOB, 1), 64, "time").hit
     assert reader.lookup(noisy(CONV_JOB, 21), 32, "time").hit
     assert reader.fits == 2
 
     # Its own record is fitted once, by the background fit or by the lookup, not both.
-    reader.record(noisy(CONV_JOB, 22), 32, "energy", CORES2, 1.0)
+    reader.remember(noisy(CONV_JOB, 22), 32, "energy", CORES2, 1.0)
     assert reader.lookup(noisy(CONV_JOB, 23), 32, "energy").hit
     assert reader.lookup(noisy(CONV_JOB, 24), 32, "energy").hit
     assert reader.fits == 3
@@ -461,13 +461,13 @@ def test_lookups_refit_only_when_the_stores_content_changed(gt):
 
 def test_a_group_is_capped_and_its_best_record_survives(tmp_path):
     gt = GroundTruth(tmp_path / "gt.json", max_records_per_group=3)
-    gt.record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.5, trial="best")
+    gt.remember(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.5, trial="best")
     # Other groups: another job, another bucket, another objective.
-    gt.record(noisy(DENSE_JOB, 0), 32, "time", WORKERS1, 0.1, trial="dense")
-    gt.record(noisy(CONV_JOB, 1), 64, "time", WORKERS1, 0.1, trial="bucket64")
-    gt.record(noisy(CONV_JOB, 2), 32, "energy", WORKERS1, 0.1, trial="energy")
+    gt.remember(noisy(DENSE_JOB, 0), 32, "time", WORKERS1, 0.1, trial="dense")
+    gt.remember(noisy(CONV_JOB, 1), 64, "time", WORKERS1, 0.1, trial="bucket64")
+    gt.remember(noisy(CONV_JOB, 2), 32, "energy", WORKERS1, 0.1, trial="energy")
     for i in range(6):
-        gt.record(noisy(CONV_JOB, 10 + i), 32, "time", WORKERS1, 1.0 + i, trial=f"w{i}")
+        gt.remember(noisy(CONV_JOB, 10 + i), 32, "time", WORKERS1, 1.0 + i, trial=f"w{i}")
         in_group = [r for r in _records(gt) if r["trial"] == "best" or r["trial"][0] == "w"]
         assert len(in_group) == min(3, 2 + i)
     assert [r["trial"] for r in _records(gt)] == [
@@ -480,8 +480,8 @@ def test_a_group_is_capped_and_its_best_record_survives(tmp_path):
 def test_the_oldest_records_go_first_and_a_cheaper_newcomer_stays(tmp_path):
     gt = GroundTruth(tmp_path / "gt.json", max_records_per_group=2)
     for i in range(4):  # every record chose the best config: the oldest go
-        gt.record(noisy(CONV_JOB, i), 32, "time", CORES2, 1.0 + i, trial=f"c{i}")
+        gt.remember(noisy(CONV_JOB, i), 32, "time", CORES2, 1.0 + i, trial=f"c{i}")
     assert [r["trial"] for r in _records(gt)] == ["c2", "c3"]
-    gt.record(noisy(CONV_JOB, 9), 32, "time", WORKERS1, 0.5, trial="cheap")
+    gt.remember(noisy(CONV_JOB, 9), 32, "time", WORKERS1, 0.5, trial="cheap")
     assert [r["trial"] for r in _records(gt)] == ["c3", "cheap"]
     assert gt.lookup(noisy(CONV_JOB, 99), 32, "time").config == WORKERS1

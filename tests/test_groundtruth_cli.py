@@ -20,7 +20,7 @@ CORES2 = SystemConfig(cores=2)
 def _store_with_bad_records(path) -> list[dict]:
     """A store of three records, the last two bad; returns the good one."""
     gt = GroundTruth(path)
-    gt.record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
+    gt.remember(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
     [good] = json.loads(path.read_text())["records"]
     records = [good, {**good, "cost": math.nan}, {**good, "objective": "speed"}]
     path.write_text(json.dumps({"version": 1, "records": records}))
@@ -29,7 +29,7 @@ def _store_with_bad_records(path) -> list[dict]:
 
 def test_check_a_clean_store_exits_0(tmp_path, capsys):
     path = tmp_path / "gt.json"
-    GroundTruth(path).record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
+    GroundTruth(path).remember(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
     assert main(["groundtruth", "check", "--path", str(path)]) == 0
     out = capsys.readouterr()
     assert out.out == f"ground truth at {path}: 1 records, all valid\n" and out.err == ""

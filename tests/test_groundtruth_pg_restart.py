@@ -90,7 +90,7 @@ def _write(url: str, who: str, out: str, start, stop) -> None:
     spans = []
     while not stop.is_set():
         t0 = time.time()
-        gt.record(noisy(CONV_JOB, len(spans)), 32, "time", CORES2, 0.01, job=who,
+        gt.remember(noisy(CONV_JOB, len(spans)), 32, "time", CORES2, 0.01, job=who,
                   trial=str(len(spans)), job_key="conv")
         spans.append((t0, time.time()))
         time.sleep(0.05)
@@ -227,17 +227,17 @@ def _recv(sock: socket.socket) -> bytes:
 def test_a_write_whose_commit_answer_was_lost_is_not_written_twice(server, caplog):
     url = server.create_database()
     direct = GroundTruth(url)
-    direct.record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.5, job="before")
+    direct.remember(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.5, job="before")
     relay = CommitCutter(server.server.port)
     try:
         gt = GroundTruth(url.replace(f":{server.server.port}/", f":{relay.port}/"))
         assert gt.check() == 1  # through the relay
         relay.arm()
         with caplog.at_level(logging.WARNING, logger="pipetune.groundtruth.sql"):
-            gt.record(noisy(CONV_JOB, 1), 32, "time", CORES2, 0.01, job="cut")
+            gt.remember(noisy(CONV_JOB, 1), 32, "time", CORES2, 0.01, job="cut")
         assert relay.cut == 1  # the COMMIT's answer never reached the writer ...
         assert "did not answer" in caplog.text  # ... which saw the error and tried again
-        gt.record(noisy(CONV_JOB, 2), 32, "time", CORES2, 0.02, job="after")
+        gt.remember(noisy(CONV_JOB, 2), 32, "time", CORES2, 0.02, job="after")
     finally:
         relay.close()
     assert [r["job"] for r in direct._store.read()] == ["before", "cut", "after"]
@@ -251,7 +251,7 @@ def test_a_server_that_stays_away_is_one_clear_error_after_the_budget(monkeypatc
     gt = GroundTruth(f"postgresql://alice:s3cret@127.0.0.1:{free_port()}/gt")  # no server
     began = time.monotonic()
     with pytest.raises(GroundTruthError) as info:
-        gt.record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
+        gt.remember(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
     took = time.monotonic() - began
     message = str(info.value)
     assert 1.5 <= took < 10, took

@@ -67,8 +67,8 @@ def _valid_record(**changes) -> dict:
 
 def _fill(gt: GroundTruth) -> None:
     for seed in range(3):
-        gt.record(noisy(CONV_JOB, seed), 32, "time", CORES2, 0.01 + seed, trial=f"c{seed}")
-    gt.record(noisy(DENSE_JOB, 0), 64, "energy", WORKERS1, 0.5, trial="d0")
+        gt.remember(noisy(CONV_JOB, seed), 32, "time", CORES2, 0.01 + seed, trial=f"c{seed}")
+    gt.remember(noisy(DENSE_JOB, 0), 64, "energy", WORKERS1, 0.5, trial="d0")
 
 
 def _records(gt: GroundTruth) -> list[dict]:
@@ -81,7 +81,7 @@ def _records(gt: GroundTruth) -> list[dict]:
 def test_a_record_is_found_again_from_a_fresh_handle(location):
     gt = GroundTruth(location)
     assert len(gt) == 0 and not gt.lookup(noisy(CONV_JOB, 1), 32, "time").hit
-    gt.record(noisy(CONV_JOB, 1), 32, "time", CORES2, 0.01, job="cnn", trial="s/0")
+    gt.remember(noisy(CONV_JOB, 1), 32, "time", CORES2, 0.01, job="cnn", trial="s/0")
     match = GroundTruth(location).lookup(noisy(CONV_JOB, 2), 40, "time")
     assert match.hit and match.config == CORES2 and match.cost == 0.01
     [stored] = _records(gt)
@@ -93,7 +93,7 @@ def _write_records(location: str, who: str, n: int, start) -> None:
     gt = GroundTruth(location)
     start.wait()
     for i in range(n):
-        gt.record(noisy(CONV_JOB, i), 32, "time", CORES2, 0.01 + i, job=who, trial=str(i))
+        gt.remember(noisy(CONV_JOB, i), 32, "time", CORES2, 0.01 + i, job=who, trial=str(i))
 
 
 def test_four_processes_writing_at_once_lose_and_duplicate_nothing(location):
@@ -127,7 +127,7 @@ def test_audit_finds_a_bad_record_added_behind_the_stores_back(location):
         gt.check()
     assert "pipetune groundtruth repair --path" in str(info.value)
     with pytest.raises(GroundTruthError):  # nor is anything written to a bad store
-        gt.record(noisy(CONV_JOB, 9), 32, "time", CORES2, 0.01)
+        gt.remember(noisy(CONV_JOB, 9), 32, "time", CORES2, 0.01)
     assert gt.audit().records == 5
 
 
@@ -195,13 +195,13 @@ def test_an_import_with_a_bad_record_is_refused_and_writes_nothing(location, tmp
 
 def test_the_snapshot_changes_on_a_write_and_not_on_a_read(location):
     gt = GroundTruth(location)
-    gt.record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
+    gt.remember(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
     first = gt._store.snapshot()
     assert gt.lookup(noisy(CONV_JOB, 1), 32, "time").hit
     assert len(gt) == 1 and gt.check() == 1 and gt.audit().ok and gt.entries()
     assert gt.repair().backup is None
     assert GroundTruth(location)._store.snapshot() == first
-    gt.record(noisy(CONV_JOB, 2), 32, "time", CORES2, 0.01)
+    gt.remember(noisy(CONV_JOB, 2), 32, "time", CORES2, 0.01)
     second = gt._store.snapshot()
     assert second != first
     gt.clear()
@@ -211,9 +211,9 @@ def test_the_snapshot_changes_on_a_write_and_not_on_a_read(location):
 def test_a_capped_group_keeps_its_order_in_every_store(location):
     gt = GroundTruth(location, max_records_per_group=2)
     for i in range(4):
-        gt.record(noisy(CONV_JOB, i), 32, "time", CORES2, 1.0 + i, trial=f"c{i}")
+        gt.remember(noisy(CONV_JOB, i), 32, "time", CORES2, 1.0 + i, trial=f"c{i}")
     assert [r["trial"] for r in _records(gt)] == ["c2", "c3"]
-    gt.record(noisy(CONV_JOB, 9), 32, "time", WORKERS1, 0.5, trial="cheap")
+    gt.remember(noisy(CONV_JOB, 9), 32, "time", WORKERS1, 0.5, trial="cheap")
     assert [r["trial"] for r in _records(gt)] == ["c3", "cheap"]
 
 

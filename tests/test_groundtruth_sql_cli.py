@@ -31,8 +31,8 @@ def test_export_import_list_through_the_command(tmp_path):
     source = f"sqlite:///{tmp_path / 'source.db'}"
     gt = GroundTruth(source)
     for seed in range(3):
-        gt.record(noisy(CONV_JOB, seed), 32, "time", CORES2, 0.01)
-    gt.record(noisy(DENSE_JOB, 0), 64, "time", WORKERS1, 0.002)
+        gt.remember(noisy(CONV_JOB, seed), 32, "time", CORES2, 0.01)
+    gt.remember(noisy(DENSE_JOB, 0), 64, "time", WORKERS1, 0.002)
     exported = tmp_path / "export.json"
 
     out = pipetune("groundtruth", "export", str(exported), "--url", source, home=tmp_path)
@@ -63,7 +63,7 @@ def test_the_default_is_a_sqlite_file_in_the_home(tmp_path):
 
 def test_an_import_with_bad_records_is_refused_whole(tmp_path):
     target = f"sqlite:///{tmp_path / 'gt.db'}"
-    GroundTruth(target).record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
+    GroundTruth(target).remember(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
     good = GroundTruth(target)._store.read()[0]
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"version": 1, "records": [
@@ -108,7 +108,7 @@ def test_an_unreachable_server_is_one_line_without_the_password(tmp_path, monkey
 def test_check_and_repair_a_sqlite_store_by_row_id(tmp_path, capsys):
     db = tmp_path / "gt.db"
     url = f"sqlite:///{db}"
-    GroundTruth(url).record(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
+    GroundTruth(url).remember(noisy(CONV_JOB, 0), 32, "time", CORES2, 0.01)
     with sqlite3.connect(db) as conn:
         conn.execute("INSERT INTO pipetune_groundtruth_records (id, created_at, record) "
                      "VALUES (7, '2026-01-01', '{\"cost\": 1')")

@@ -158,7 +158,7 @@ def test_a_study_compiles_the_trial_that_can_earn_it_back_and_not_the_short_one(
 def test_the_ground_truth_carries_the_compile_to_a_recurring_job_without_a_probe(tmp_path):
     gt = GroundTruth(tmp_path / "gt.json")
     first = run_job(tmp_path / "a", one_time_job("first", max_epochs=4), gt)
-    assert first.trials[0].recorded == COMPILED
+    assert first.trials[0].remembered == COMPILED
     (entry,) = gt.entries()
     assert entry.config == COMPILED and entry.one_time == pytest.approx(1.2, abs=0.35)
     assert entry.speedup > 2
@@ -170,7 +170,7 @@ def test_the_ground_truth_carries_the_compile_to_a_recurring_job_without_a_probe
         ("profile", False), ("train", True), ("train", True)]
     # What the reused compile cost this time is recorded too: the figures follow what
     # trials pay now (a warm compile cache), not only what the first one paid.
-    assert trial.recorded == COMPILED
+    assert trial.remembered == COMPILED
     (entry,) = gt.entries()
     assert entry.support == 2 and entry.one_time == pytest.approx(1.2, abs=0.35)
 
@@ -347,7 +347,7 @@ def test_a_known_job_whose_first_epoch_does_not_confirm_starts_over_from_the_def
     seeded = run_job(tmp_path / "a", channels_last_job("seed"), GroundTruth(tmp_path / "x.json"))
     profile = seeded.trials[0].results[0].measurement.profile
     cl = DEFAULT.replace(channels_last=True)
-    gt.record(profile, 32, "time", cl, 1e-4, job_key=key, graph="another-graph")
+    gt.remember(profile, 32, "time", cl, 1e-4, job_key=key, graph="another-graph")
     study = Study(spec, study_id="graph", checkpoints=CheckpointStore(tmp_path / "ck"),
                   ground_truth=gt, core_budget=1, machine=MACHINE, journal=Journal())
     run_study_locally(study)
@@ -418,7 +418,7 @@ def test_a_compile_that_pays_on_one_workload_is_checked_not_trusted_on_a_lookali
     and drops it."""
     gt = GroundTruth(tmp_path / "gt.json")
     pays = run_job(tmp_path / "a", one_time_job("pays", max_epochs=4), gt)
-    assert pays.trials[0].recorded == COMPILED
+    assert pays.trials[0].remembered == COMPILED
     loses = one_time_job("loses", max_epochs=4)
     loses["workload"]["params"].update(cost_by_knob={"compile": {"false": 0.6, "true": 1.2}},
                                        one_time_by_knob={"compile": {"true": 0.2}})

@@ -91,8 +91,8 @@ def test_asha_stops_the_trials_computed_by_hand(mode):
     asha = ASHAScheduler(min_epochs=1, max_epochs=4, reduction_factor=2, mode=mode)
     curves = {t: [sign * v for v in c] for t, c in CURVES.items()}
     assert run_sequentially(asha, curves) == EXPECTED_STOPS
-    assert asha.recorded(1) == {t: curves[t][0] for t in curves}
-    assert asha.recorded(2) == {0: curves[0][1], 2: curves[2][1], 4: curves[4][1]}
+    assert asha.values_at(1) == {t: curves[t][0] for t in curves}
+    assert asha.values_at(2) == {0: curves[0][1], 2: curves[2][1], 4: curves[4][1]}
 
 
 def test_asha_is_asynchronous_epochs_round_robin():
@@ -120,7 +120,7 @@ def test_asha_with_reduction_factor_three_keeps_the_top_third():
 def test_asha_stops_nan_without_recording_it():
     asha = ASHAScheduler(min_epochs=1, max_epochs=4)
     assert asha.on_epoch_result(0, 1, float("nan")) is Decision.STOP
-    assert asha.recorded(1) == {}
+    assert asha.values_at(1) == {}
     assert asha.on_epoch_result(1, 1, 0.1) is Decision.CONTINUE
 
 
@@ -129,7 +129,7 @@ def test_asha_retried_rung_replaces_the_record():
     asha.on_epoch_result(0, 1, 0.9)
     asha.on_epoch_result(1, 1, 0.5)
     assert asha.on_epoch_result(1, 1, 0.95) is Decision.CONTINUE
-    assert asha.recorded(1) == {0: 0.9, 1: 0.95}
+    assert asha.values_at(1) == {0: 0.9, 1: 0.95}
 
 
 @pytest.mark.parametrize(

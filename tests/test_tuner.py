@@ -58,7 +58,7 @@ def run_trial(
         decision = tuner.next_epoch(history, epochs_left=epochs - len(history), match=match)
         decisions.append(decision)
         if decision.remember is not None:
-            gt.record(profile, batch_size, "time", decision.remember, decision.remember_cost)
+            gt.remember(profile, batch_size, "time", decision.remember, decision.remember_cost)
         history.append(
             EpochObservation(epoch, decision.phase, decision.system, cost(decision.system))
         )
@@ -67,7 +67,7 @@ def run_trial(
     final = tuner.next_epoch(history, epochs_left=0, match=match)
     decisions.append(final)
     if final.remember is not None:
-        gt.record(profile, batch_size, "time", final.remember, final.remember_cost)
+        gt.remember(profile, batch_size, "time", final.remember, final.remember_cost)
     return history, decisions, match
 
 
@@ -329,7 +329,8 @@ def test_end_to_end_with_a_workload_whose_epoch_time_is_known(gt):
             d = tuner.next_epoch(history, epochs_left=epochs - len(history), match=match)
             decisions.append(d)
             if d.remember is not None:
-                gt.record(profiles[seed], workload.batch_size, "time", d.remember, d.remember_cost)
+                gt.remember(profiles[seed], workload.batch_size, "time", d.remember,
+                            d.remember_cost)
             with applied_system_config(d.system):
                 _, m = profiler.measure(
                     lambda hook, s=d.system: workload.train_epoch(s, on_step=hook),

@@ -22,6 +22,13 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pipetune.system.config import ONE_TIME_KNOBS
+
+if TYPE_CHECKING:
+    from pipetune.engine.trial import Trial
+    from pipetune.runner import EpochResult
 
 #: (worker address, model graph, batch size, one-time knobs that ran)
 Key = tuple[str, str, int, tuple[str, ...]]
@@ -62,3 +69,34 @@ class OneTimeLedger:
         if known.reuses:
             return statistics.median(known.reuses), "measured"
         return 0.0, "assumed"
+
+    def note(self, trial: Trial, result: EpochResult) -> None:
+        """``result``, the trial's newest epoch: where it is the first under its one-time
+        knobs on its worker, what that worker paid, for the trials that come to it later."""
+        knobs = result.system.one_time_knobs()
+        earlier = trial.results[:-1]
+        if not knobs or (earlier and earlier[-1].system.one_time_knobs() == knobs
+                         and earlier[-1].address == result.address):
+            return
+        where = graph_of(trial)
+        if where is not None:
+            self.paid(*where, knobs, trial.history[-1].one_time)
+
+    def for_next_epoch(self, trial: Trial) -> float | None:
+        """What the one-time knobs cost on the worker of the trial's next epoch, where it
+        paid them for this graph before (:meth:`estimate`); None where unknown."""
+        where = graph_of(trial)
+        if where is None:
+            return None
+        known = self.estimate(*where, ONE_TIME_KNOBS)
+        return None if known is None else known[0]
+
+
+def graph_of(trial: Trial) -> tuple[str, str, int] | None:
+    """Where the trial's next epoch runs (the worker holding its model), its model graph
+    and batch size; None before its first epoch or where unknown."""
+    if not trial.results:
+        return None
+    graph = next((r.graph for r in trial.results if r.graph), "")
+    last = trial.results[-1]
+    return (last.address, graph, last.batch_size) if graph else None

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from pipetune.engine.costing import Costing
 from pipetune.engine.events import (
     Broke,
     Decided,
@@ -36,18 +37,20 @@ from pipetune.engine.events import (
     TrialStarted,
     Unconfirmed,
 )
+from pipetune.engine.failures import Broken, FailureCount, traceback_text
 from pipetune.engine.journal import JournalError
+from pipetune.engine.known import job_key, unconfirmed_because
 from pipetune.engine.one_time import OneTimeLedger
+from pipetune.engine.remember import Remembering
 from pipetune.engine.replay import replayable, store_refused
 from pipetune.engine.trial import StepEvent, Trial
 from pipetune.engine.view import StudyView
-from pipetune.errors import refused_by_store
 from pipetune.reports import StudySummary, study_summary
 from pipetune.runner import EpochFailure, EpochResult, EpochTask
 from pipetune.schedulers import Decision, Scheduler, make_scheduler
 from pipetune.searchers import Searcher, TrialState, make_searcher
 from pipetune.spec import split_system_params
-from pipetune.system.config import ONE_TIME_KNOBS, MachineInfo, SystemConfig
+from pipetune.system.config import MachineInfo
 from pipetune.tuner import EpochObservation, GroundTruthMatch, Phase, SystemTuner, TuningDecision
 
 if TYPE_CHECKING:
@@ -61,33 +64,8 @@ __all__ = ["Broken", "StepEvent", "Study", "StudyStuck", "StudySummary", "Trial"
            "run_study_locally"]
 
 
-#: A known job's first epoch confirms its config unless its steady cost is more than
-#: this much above the known one (studies run on machines of varying load).
-KNOWN_MARGIN = 0.25
-#: ... and more than this much per epoch (seconds, or joules): an epoch of milliseconds
-#: varies by more than any margin from one process to the next.
-KNOWN_FLOOR = 0.05
-
-
 class StudyStuck(RuntimeError):
     """The engine has nothing to run and nothing running, yet the study is not done."""
-
-
-class Broken:
-    """Why a study stopped on a broken workload: ``line`` says it in one line (the
-    workload, the exception and its message, where the whole traceback is). ``store``:
-    it stopped because the checkpoint store refused every trial's checkpoint (full,
-    read-only): not the workload's fault, and resumable once the store has room."""
-
-    def __init__(self, line: str, trial_id: int, traceback_file: str | None,
-                 store: bool = False):
-        self.line = line
-        self.trial_id = trial_id
-        self.traceback_file = traceback_file
-        self.store = store
-
-    def __repr__(self) -> str:
-        return f"Broken({self.line!r})"
 
 
 class Study:
@@ -161,13 +139,12 @@ class Study:
         #: Set when trials kept failing the same way before any epoch finished
         #: (``search.stop_after_failures``): nothing more is started, the study ends.
         self.broken: Broken | None = None
-        #: Failures of this run by kind (:attr:`EpochFailure.kind`), counted until an
-        #: epoch of the study finishes.
-        self._same_failures: Counter[tuple[str, str]] = Counter()
-        #: Trials failed in a row because the checkpoint store refused their checkpoint
-        #: (:class:`~pipetune.errors.CheckpointWriteError`), since the last epoch that
-        #: finished (whose checkpoint the store took).
-        self._store_refusals = 0
+        #: This run's failures, against ``search.stop_after_failures``.
+        self.failures = FailureCount(spec.search.failure_limit, spec.workload.name, study_id)
+        #: The cost rule the system tuner compares configs by.
+        self.costing = Costing(self.objective, spec.search.max_concurrent)
+        #: What it writes to the ground truth: the config each trial kept.
+        self.remembering = Remembering(ground_truth, spec, study_id, self.costing.unit)
         #: What each worker paid once per model graph (a compile), for later trials.
         self.one_time = OneTimeLedger()
 
@@ -299,7 +276,7 @@ class Study:
         limit = self.spec.search.failure_limit
         if not limit or self._any_epoch_finished():
             return True
-        return self._active() + max(self._same_failures.values(), default=0) < limit
+        return self._active() + max(self.failures.same.values(), default=0) < limit
 
     def _any_epoch_finished(self) -> bool:
         return any(t.results for t in self.trials.values())
@@ -328,10 +305,10 @@ class Study:
         if (result.trial_id, result.epoch) in self.epoch_times:
             self.epoch_times[(result.trial_id, result.epoch)][2] = time.time()
         trial = self.trials[result.trial_id]
-        self._store_refusals = 0  # the store took this epoch's checkpoint
+        self.failures.epoch_finished()  # the store took this epoch's checkpoint
         trial.results.append(result)
         trial.history.append(self.observation(result))
-        self._note_one_time(trial, result)
+        self.one_time.note(trial, result)
         self._emit(EpochFinished(trial, result))
         self._confirm_known(trial, result)
         value = result.metrics.get(self.metric)
@@ -347,91 +324,27 @@ class Study:
         return decision
 
     def job_key(self, trial: Trial) -> str:
-        """What makes two trials the same job for the ground truth's known-job answer:
-        the workload, its params and the hyperparameters that are not floats (sizes,
-        choices, the batch size: what shapes the model; rates and coefficients do not).
-        The worker's graph signature checks the guess after the first epoch."""
-        import hashlib
-        import json
-
-        hparams = split_system_params(trial.params, self.spec.system.default)[0]
-        shaping = {k: v for k, v in sorted(hparams.items()) if not isinstance(v, float)}
-        raw = json.dumps([self.spec.workload.name, self.spec.workload.params, shaping],
-                         sort_keys=True, default=str)
-        return hashlib.sha1(raw.encode()).hexdigest()[:16]
+        """What makes two trials the same job for the ground truth (:func:`job_key`)."""
+        return job_key(self.spec, trial)
 
     def _confirm_known(self, trial: Trial, result: EpochResult) -> None:
-        """A first epoch run under a known job's config confirms it, or the trial drops
-        it: another model graph, or a steady cost more than :data:`KNOWN_MARGIN` above
-        the known one. It then starts over from a default profiled epoch."""
-        match = trial.match
-        if (match is None or match.known_graph is None or result.epoch != 1
-                or trial.baseline != 0):
-            return
-        why = None
-        if result.graph and match.known_graph and result.graph != match.known_graph:
-            why = f"model graph {result.graph} is not the known job's {match.known_graph}"
-        elif (match.config is not None and not match.config.one_time_knobs()
-              and result.system == match.config and match.cost is not None
-              and match.cost_unit == self.cost_unit):
-            first = trial.history[0]
-            floor = KNOWN_FLOOR / first.samples if first.samples else 0.0
-            steady = first.steady_cost
-            if steady > match.cost * (1.0 + KNOWN_MARGIN) + floor:
-                why = (f"ran {steady / match.cost:.2f}x the known cost under "
-                       f"{result.system.label()}")
-        if why is None:
-            return
-        trial.baseline = 1
-        trial.match = None
-        self._emit(Unconfirmed(trial, why))
+        why = unconfirmed_because(trial, result, self.cost_unit)
+        if why is not None:
+            trial.baseline = 1
+            trial.match = None
+            self._emit(Unconfirmed(trial, why))
 
     def observation(self, result: EpochResult) -> EpochObservation:
-        """What the system tuner sees of a finished epoch: its cost, steady cost and
-        one-time part, each scaled as :meth:`epoch_cost` scales."""
-        scale = self._cost_scale(result)
-        m = result.measurement
-        return EpochObservation(
-            epoch=result.epoch,
-            phase=result.phase,
-            system=result.system,
-            cost=self.epoch_cost(result),
-            steady=m.steady_cost(self.objective) * scale,
-            one_time=m.one_time_cost(self.objective) * scale,
-            samples=m.samples,
-            wall_steady=m.steady_cost("time"),
-        )
+        """What the system tuner sees of a finished epoch (:class:`Costing`)."""
+        return self.costing.observation(result)
 
     @property
     def cost_unit(self) -> str:
-        """What this study's costs count: ``core_seconds`` (time, trials side by side),
-        ``seconds`` or ``joules``, per sample."""
-        if self.objective == "energy":
-            return "joules"
-        return "core_seconds" if self.spec.search.max_concurrent > 1 else "seconds"
-
-    def _cost_scale(self, result: EpochResult) -> float:
-        if self.objective == "time" and self.spec.search.max_concurrent > 1:
-            # The cores it reserved, or the CPU it kept busy where that was more
-            # (DataLoader workers run beside the cores a trial reserves).
-            return max(float(result.system.cores), result.measurement.cores_busy)
-        return 1.0
+        return self.costing.unit
 
     def epoch_cost(self, result: EpochResult) -> float:
-        """What the system tuner compares configs by: the objective per sample, and
-        for ``time`` in a study that runs trials side by side, *core*-seconds per
-        sample. Cores one trial holds are cores the next trial waits for, so a config
-        reserving two cores only pays when it is more than twice as fast; and a probe
-        that reserves every core runs alone, while the default epoch it is compared
-        with shared the machine, so plain seconds would favour it for the wrong reason
-        (measured: cores=2 probes won on LeNet-5 although cores=1 was faster alone).
-        A config keeping more CPU busy than it reserved (DataLoader workers) pays for
-        that CPU instead: it is taken from the trials beside it (measured: LeNet-5 kept
-        ``dataloader_workers=1``, 0.6 CPU-s an epoch against 0.4). The seconds are the
-        epoch's own, without the time it waited for a CPU
-        (:attr:`~pipetune.profiler.EpochMeasurement.own_wall_s`): an epoch 1 slowed by
-        the study's start-up beside it made every probe look better than the default."""
-        return result.cost(self.objective) * self._cost_scale(result)
+        """What the system tuner compares configs by (:meth:`Costing.cost`)."""
+        return self.costing.cost(result)
 
     def on_epoch_failed(self, trial_id: int, epoch: int, error: str,
                         failure: EpochFailure | None = None, *,
@@ -446,54 +359,18 @@ class Study:
             trial.failure = failure
             if self.journal is not None and not self._replaying:
                 trial.traceback_file = str(self.journal.write_traceback(
-                    trial_id, epoch, self._traceback_text(trial, epoch, failure)))
+                    trial_id, epoch, traceback_text(self.study_id, self.spec.workload.name,
+                                                    trial, epoch, failure)))
         self._emit(EpochFailed(trial, epoch, error, trial.traceback_file))
         self._in_flight.pop((trial_id, epoch), None)
         self._end(trial, TrialState.FAILED, error=error)
-        if failure is not None and not self._replaying:
-            self._count_failure(trial, failure)
-
-    def _traceback_text(self, trial: Trial, epoch: int, failure: EpochFailure) -> str:
-        return (f"study {self.study_id}, workload {self.spec.workload.name}, trial "
-                f"{trial.trial_id} epoch {epoch}\nparams {trial.params}\n"
-                f"raised at {failure.where}\n\n{failure.traceback}")
-
-    def _count_failure(self, trial: Trial, failure: EpochFailure) -> None:
-        limit = self.spec.search.failure_limit
-        if refused_by_store(failure.line()):
-            self._count_store_refusal(trial, failure, limit)
+        if failure is None or self._replaying or self.broken is not None:
             return
-        if not limit or self.broken is not None or self._any_epoch_finished():
-            return
-        self._same_failures[failure.kind] += 1
-        same = self._same_failures[failure.kind]
-        if same < limit:
-            return
-        where = f"; whole traceback: {trial.traceback_file}" if trial.traceback_file else ""
-        self.broken = Broken(
-            f"workload {self.spec.workload.name} is broken: {same} "
-            f"{'trial' if same == 1 else 'trials'} failed with "
-            f"{failure.line()} before any epoch finished (search.stop_after_failures: "
-            f"{limit}){where}",
-            trial.trial_id, trial.traceback_file)
-        self._emit(Broke(trial, self.broken.line))
-        self._stop_queued()
-
-    def _count_store_refusal(self, trial: Trial, failure: EpochFailure, limit: int) -> None:
-        """A full or refusing checkpoint store fails every trial alike, however many
-        epochs finished before it filled up: once ``limit`` trials in a row failed on
-        it, the study stops, resumable when the store has room."""
-        self._store_refusals += 1
-        if not limit or self.broken is not None or self._store_refusals < limit:
-            return
-        n = self._store_refusals
-        self.broken = Broken(
-            f"the checkpoint store refuses checkpoints: {n} {'trial' if n == 1 else 'trials'}"
-            f" in a row failed with {failure.line()} (search.stop_after_failures: {limit});"
-            f" give the store room, then resume the study with --resume {self.study_id}",
-            trial.trial_id, trial.traceback_file, store=True)
-        self._emit(Broke(trial, self.broken.line))
-        self._stop_queued()
+        self.broken = self.failures.count(trial, failure,
+                                          any_epoch_finished=self._any_epoch_finished())
+        if self.broken is not None:
+            self._emit(Broke(trial, self.broken.line))
+            self._stop_queued()
 
     def _stop_queued(self) -> None:
         """The study is broken: what waits to start never starts; what runs ends when
@@ -553,42 +430,12 @@ class Study:
             match=trial.match,
             sure_epochs=self.scheduler.sure_epochs(trial.epochs_run),
             expected_epochs=self.scheduler.expected_epochs(trial.epochs_run),
-            known_one_time=self._worker_one_time(trial),
+            known_one_time=self.one_time.for_next_epoch(trial),
             probed_elsewhere=any(
                 task.trial_id != trial_id and task.phase is Phase.PROBE
                 and task.system.one_time_knobs() for task in self._in_flight.values()),
             alone_cores=self._idle_cores_for(trial),
         )
-
-    def _graph_of(self, trial: Trial) -> tuple[str, str, int] | None:
-        """Where the trial's next epoch runs (the worker holding its model), its model
-        graph and batch size; None before its first epoch or where unknown."""
-        if not trial.results:
-            return None
-        graph = next((r.graph for r in trial.results if r.graph), "")
-        last = trial.results[-1]
-        return (last.address, graph, last.batch_size) if graph else None
-
-    def _note_one_time(self, trial: Trial, result: EpochResult) -> None:
-        """A trial's first epoch under a one-time knob: what its worker paid, for the
-        trials that come to that worker later (:class:`~pipetune.engine.one_time.OneTimeLedger`)."""
-        knobs = result.system.one_time_knobs()
-        earlier = trial.results[:-1]
-        if not knobs or (earlier and earlier[-1].system.one_time_knobs() == knobs
-                         and earlier[-1].address == result.address):
-            return
-        where = self._graph_of(trial)
-        if where is not None:
-            self.one_time.paid(*where, knobs, trial.history[-1].one_time)
-
-    def _worker_one_time(self, trial: Trial) -> float | None:
-        """What the one-time knobs cost on the worker of the trial's next epoch, where it
-        paid them for this graph before (:meth:`OneTimeLedger.estimate`)."""
-        where = self._graph_of(trial)
-        if where is None:
-            return None
-        known = self.one_time.estimate(*where, ONE_TIME_KNOBS)
-        return None if known is None else known[0]
 
     def _idle_cores_for(self, trial: Trial) -> int | None:
         """All the cores, when ``trial`` is the only one running and no trial is left to
@@ -612,8 +459,10 @@ class Study:
         self._emit(Decided(trial, trial.epochs_run, decision, *(took or (now, now))))
         trial.decisions.append(decision)
         if decision.remember is not None and decision.remember_cost is not None:
-            self._record(trial, decision.remember, decision.remember_cost,
-                         one_time=decision.remember_one_time, speedup=decision.remember_speedup)
+            self.remembering.remember(
+                trial, decision.remember, decision.remember_cost,
+                one_time=decision.remember_one_time, speedup=decision.remember_speedup,
+                replaying=self._replaying)
         task = self._mark_ready(self._epoch_task(trial, decision))
         self._queue.append(task)
         return task
@@ -784,32 +633,6 @@ class Study:
         return self
 
     # -- ending ---------------------------------------------------------------------
-    def _record(self, trial: Trial, config: SystemConfig, cost: float, *,
-                one_time: float | None = None, speedup: float | None = None) -> None:
-        # One record per trial and kept config: a one-time knob probed later (once the
-        # horizon allowed it) records again only when it changed the choice.
-        if self.ground_truth is None or trial.recorded == config or not trial.results:
-            return
-        if self._replaying:  # recorded before the study stopped
-            trial.recorded = config
-            return
-        first = trial.results[trial.baseline]
-        self.ground_truth.record(
-            first.measurement.profile,
-            first.batch_size,
-            self.objective,
-            config,
-            cost,
-            job=self.spec.name,
-            trial=f"{self.study_id}/{trial.trial_id}",
-            one_time=one_time,
-            speedup=speedup,
-            job_key=self.job_key(trial),
-            graph=first.graph,
-            cost_unit=self.cost_unit,
-        )
-        trial.recorded = config
-
     def _end(self, trial: Trial, state: TrialState, error: str | None = None) -> None:
         if trial.state != TrialState.RUNNING:
             return
@@ -817,23 +640,8 @@ class Study:
         trial.error = error
         trial.ended = time.time()
         self._queue = deque(t for t in self._queue if t.trial_id != trial.trial_id)
-        seen = trial.tuner_history()
-        if state is not TrialState.FAILED and seen and seen[-1].phase is Phase.PROBE:
-            # The trial ended right after probing: still remember what the probes showed.
-            best = self.tuner.best_observed(seen)
-            if best is not None:
-                one_time, speedup = self.tuner.figures(seen, best[0])
-                self._record(trial, *best, one_time=one_time, speedup=speedup)
-        elif state is not TrialState.FAILED and seen and trial.match is not None:
-            # It ended right after its first epoch under a reused one-time knob: still
-            # record what that cost (as the next decision would have).
-            last = seen[-1]
-            under = [o for o in seen if o.system == last.system]
-            if (trial.match.hit and last.system == trial.match.config
-                    and last.system.one_time_knobs() and len(under) == 1):
-                one_time, speedup = self.tuner.figures(seen, last.system)
-                self._record(trial, last.system, last.steady_cost, one_time=one_time,
-                             speedup=speedup)
+        if state is not TrialState.FAILED:
+            self.remembering.at_end(self.tuner, trial, replaying=self._replaying)
         self.searcher.tell(trial.trial_id, trial.last_value(self.metric), state)
         self.scheduler.on_trial_remove(trial.trial_id)
 

@@ -31,7 +31,7 @@ class Trial:
     history: list[EpochObservation] = field(default_factory=list)
     match: GroundTruthMatch | None = None
     decisions: list[TuningDecision] = field(default_factory=list)
-    recorded: SystemConfig | None = None
+    remembered: SystemConfig | None = None
     #: Why the trial failed, in one line.
     error: str | None = None
     #: The exception a failed epoch raised (its whole traceback), and the file in the
@@ -75,10 +75,10 @@ class Trial:
 
     @property
     def final_system(self) -> SystemConfig | None:
-        """The config the trial settled on: the one its probes chose (and recorded), even
+        """The config the trial settled on: the one its probes chose (and remembered), even
         when the trial ended right after probing; else its last epoch's."""
-        if self.recorded is not None:
-            return self.recorded
+        if self.remembered is not None:
+            return self.remembered
         return self.results[-1].system if self.results else None
 
 

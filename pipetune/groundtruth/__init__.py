@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import math
 import threading
+import warnings
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -158,7 +159,7 @@ class GroundTruth:
             return GroundTruthMatch.miss("the ground truth has no records yet", bucket=bucket_)
         return fit.match(features, bucket_, objective)
 
-    def record(
+    def remember(
         self,
         profile: Profile,
         batch_size: int,
@@ -221,6 +222,13 @@ class GroundTruth:
         # study's critical path (a k-means fit took ~1 s here); a lookup that comes
         # first waits for this fit rather than doing its own.
         self.prepare_in_background()
+
+    def record(self, *args: Any, **kwargs: Any) -> None:
+        """Deprecated name of :meth:`remember` (one meaning per word: "record" is the
+        MLflow record); it goes in the next release."""
+        warnings.warn("GroundTruth.record is now GroundTruth.remember; the old name goes "
+                      "in the next release", DeprecationWarning, stacklevel=2)
+        self.remember(*args, **kwargs)
 
     def known(self, job_key: str, objective: str) -> GroundTruthMatch | None:
         """The best config recorded for this very job (``job_key``: the same workload,

@@ -31,16 +31,16 @@ class ASHAScheduler(Scheduler):
 
     Rungs sit at ``min_epochs * reduction_factor**k`` epochs for k = 0, 1, ...,
     strictly below ``max_epochs`` (see :attr:`rungs`). When a trial reports the epoch
-    of a rung, its value is compared with the values other trials recorded at that
+    of a rung, its value is compared with the values other trials reached at that
     rung so far: the cutoff is their ``1 - 1/reduction_factor`` quantile (linear
     interpolation), the rule Ray Tune's ``AsyncHyperBandScheduler`` uses. The trial is
     stopped if it scores worse than the cutoff (``mode`` says which way is better);
-    otherwise it continues. Either way its value is recorded at the rung. The first
+    otherwise it continues. Either way its value is noted at the rung. The first
     trial to reach a rung has nothing to compare with and continues. A value that is
-    NaN or infinite stops the trial and is not recorded.
+    NaN or infinite stops the trial and is not noted.
 
     Reporting the same rung twice for a trial (a retried epoch) re-decides against
-    the other trials' values and replaces the trial's record.
+    the other trials' values and replaces its earlier value there.
 
     >>> asha = ASHAScheduler(min_epochs=1, max_epochs=4, reduction_factor=2)
     >>> asha.rungs
@@ -73,7 +73,7 @@ class ASHAScheduler(Scheduler):
             epoch *= reduction_factor
         self._rungs = tuple(rungs)
         # rung epoch -> trial_id -> value, oriented so that larger is better
-        self._records: dict[int, dict[int, float]] = {r: {} for r in self._rungs}
+        self._values: dict[int, dict[int, float]] = {r: {} for r in self._rungs}
         # rung epoch -> trial_id -> whether it went on past the rung
         self._promoted: dict[int, dict[int, bool]] = {r: {} for r in self._rungs}
 
@@ -126,22 +126,22 @@ class ASHAScheduler(Scheduler):
             total += reach
         return total
 
-    def recorded(self, rung: int) -> dict[int, float]:
-        """Values recorded at ``rung`` so far: ``trial_id -> value`` as reported."""
+    def values_at(self, rung: int) -> dict[int, float]:
+        """Values noted at ``rung`` so far: ``trial_id -> value`` as reported."""
         sign = 1.0 if self.mode == "max" else -1.0
-        return {t: sign * v for t, v in self._records[rung].items()}
+        return {t: sign * v for t, v in self._values[rung].items()}
 
     def _decide(self, trial_id: int, epoch: int, value: float) -> Decision:
-        records = self._records.get(epoch)
-        if records is None:
+        values = self._values.get(epoch)
+        if values is None:
             return Decision.CONTINUE
         if not math.isfinite(value):
-            records.pop(trial_id, None)
+            values.pop(trial_id, None)
             self._promoted[epoch][trial_id] = False
             return Decision.STOP
         score = value if self.mode == "max" else -value
-        others = [v for t, v in records.items() if t != trial_id]
-        records[trial_id] = score
+        others = [v for t, v in values.items() if t != trial_id]
+        values[trial_id] = score
         stop = bool(others) and score < _quantile(others, 1.0 - 1.0 / self.reduction_factor)
         self._promoted[epoch][trial_id] = not stop
         return Decision.STOP if stop else Decision.CONTINUE

@@ -74,7 +74,7 @@ class _Runner:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
-    def _record(self, key: str, error: BaseException, say: bool = True) -> None:
+    def _keep_error(self, key: str, error: BaseException, say: bool = True) -> None:
         first, more = self._errors.get(key, (error, -1))
         self._errors[key] = (first, more + 1)
         if say:  # not when a caller waits for this very call: it hears the error itself
@@ -93,7 +93,7 @@ class _Runner:
                 try:
                     idle()
                 except Exception as e:  # noqa: BLE001 - kept for the next call
-                    self._record(key, e)
+                    self._keep_error(key, e)
 
     def _loop(self) -> None:
         while True:
@@ -132,7 +132,7 @@ class _Runner:
                     if step is not None:
                         step()
         except Exception as e:  # noqa: BLE001 - kept for the next call
-            self._record(key, e, say=reply is None)
+            self._keep_error(key, e, say=reply is None)
         if reply is not None:
             error = self._take_error(key)
             try:

@@ -89,7 +89,7 @@ class Launcher:
             "env": {},
             "startup_s": {},
             "components": [],
-            "doors": self.doors.record(),
+            "doors": self.doors.summary(),
         }
 
     # ports, addresses, environments

@@ -125,7 +125,7 @@ class Doors:
                 "MLFLOW_AUTH_ADMIN_PASSWORD": self.mlflow_password,
                 "MLFLOW_FLASK_SERVER_SECRET_KEY": _secret_file(folder / "flask-secret-key")}
 
-    def record(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, Any]:
         """For ``stack.json``: which locks are on; no secret."""
         return {"dask_tls": dict(self.dask_tls) if self.dask_tls else None,
                 "mlflow_basic_auth": self.mlflow_user,

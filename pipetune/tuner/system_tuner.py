@@ -1,39 +1,27 @@
-"""The system tuner: which system config each epoch of a trial runs under.
-
-The tuner is a *policy*, as the study flow's searcher and scheduler are: it takes what
-a trial's finished epochs observed and returns a decision for the next epoch. It keeps
-no state between calls, so the same history always gives the same decision; a retried
-or resumed trial picks up where it was.
-
-One trial, PipeTune-style::
-
-    epoch 1   PROFILE  under the default config; the caller profiles it and looks the
-                       profile up in the ground truth
-    hit       TRAIN    under the ground truth's config for every later epoch
-    miss      PROBE    one untried candidate per epoch (real training), then
-              TRAIN    under the cheapest config observed, which the decision asks the
-                       caller to record in the ground truth
-
->>> from pipetune.system.config import MachineInfo, SystemConfig
->>> tuner = SystemTuner(SystemConfig(cores=1), {"cores": [1, 2]}, machine=MachineInfo(cores=2))
->>> tuner.next_epoch([], epochs_left=3, match=None).phase
-<Phase.PROFILE: 'profile'>
-"""
+"""The system tuner's policy: which system config each epoch of a trial runs under, from
+what the trial's finished epochs observed (see :mod:`pipetune.tuner`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from pipetune.errors import SpecError, SystemConfigError
 from pipetune.states import GroundTruthMatch, Phase
-from pipetune.system.config import CUDA_KNOBS, KNOBS, MachineInfo, SystemConfig
-
-#: Probe plans the tuner knows.
-PLANS: tuple[str, ...] = ("one_knob",)
+from pipetune.system.config import MachineInfo, SystemConfig
+from pipetune.tuner.decisions import EpochObservation, TuningDecision, checked_history
+from pipetune.tuner.one_time import (
+    MIN_ONE_TIME_HORIZON,
+    cheap_one_time,
+    figures,
+    not_yet_said,
+    weigh_reuse,
+    weighed_horizon,
+    without_one_time,
+)
+from pipetune.tuner.plan import PLANS, describe_change, normalise_space, probe_plan
 
 #: How much cheaper (relative) a probed config must be than the default's epoch-1 cost
 #: to replace the default. Epoch 1 carries one-time costs (allocator warm-up, first-touch
@@ -44,92 +32,10 @@ PLANS: tuple[str, ...] = ("one_knob",)
 #: is also about the epoch-to-epoch jitter of one CPU epoch on a shared machine.
 WARMUP_MARGIN = 0.05
 
-#: An untried config with a one-time cost (``compile``), about which nothing is known
-#: yet, is probed only when the trial is expected to run at least this many more epochs
-#: (the probe included): one epoch to pay and measure it, two to earn it back. The
-#: horizon is the scheduler's *expected* epochs (each later epoch weighted by the
-#: chance of reaching it, from the rungs' promotion rates so far), not the epochs the
-#: trial is sure of: under ASHA with reduction factor 2 no trial is ever sure of 3 more
-#: epochs, though a third of them run to the end. A trial that goes on past a rung is
-#: asked again with its new horizon.
-MIN_ONE_TIME_HORIZON = 3
-
-#: A one-time cost the trial's worker is known to pay at most this share of one of the
-#: trial's epochs for (a compile of a model graph the worker compiled before: dynamo
-#: reuses it) makes the knob an ordinary one: probed whenever an epoch follows the probe.
-CHEAP_ONE_TIME_SHARE = 0.05
-
 #: A config reused from the ground truth whose steady cost per sample is more than
 #: this much above the trial's own default (epoch 1, one-time part excluded) did not
 #: transfer: the trial drops it and probes for itself.
 REUSE_MARGIN = 0.10
-
-#: Dotted prefix used when a value of the system search space is rejected.
-SPACE_FIELD = "system.space"
-
-
-@dataclass(frozen=True)
-class EpochObservation:
-    """One finished epoch of a trial, as the tuner sees it.
-
-    ``cost`` is per sample under the system objective: seconds (``time``) or joules
-    (``energy``). Lower is better; ``inf`` or NaN (an epoch that saw no samples) loses.
-    ``steady`` is the same once warm, the epoch's one-time part left out (``None``:
-    not measured, ``cost`` stands in); ``one_time`` is that part for the whole epoch
-    (compiling, first steps, loader start), in the objective's units; ``samples`` the
-    epoch's sample count (0: unknown).
-    """
-
-    epoch: int
-    phase: Phase
-    system: SystemConfig
-    cost: float
-    steady: float | None = None
-    one_time: float = 0.0
-    samples: int = 0
-    #: Steady wall seconds per sample, whatever the objective (None: not measured).
-    wall_steady: float | None = None
-
-    @property
-    def steady_cost(self) -> float:
-        return _finite_or_inf(self.cost if self.steady is None else float(self.steady))
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.epoch, int) or isinstance(self.epoch, bool) or self.epoch < 1:
-            raise ValueError(f"epoch must be an integer >= 1 (1-based), got {self.epoch!r}")
-        object.__setattr__(self, "phase", Phase(self.phase))
-        if not isinstance(self.system, SystemConfig):
-            raise TypeError(f"system must be a SystemConfig, got {type(self.system).__name__}")
-        object.__setattr__(self, "cost", float(self.cost))
-
-
-@dataclass(frozen=True)
-class TuningDecision:
-    """What the next epoch runs under and why.
-
-    ``remember`` is the config to remember for jobs like this one: it is set on the
-    first decision after a run of probes (once per trial, unless a one-time knob is
-    probed later, when the horizon allows it, and changes the choice). The caller stores
-    ``remember`` with ``remember_cost`` (its steady cost per sample),
-    ``remember_one_time`` and ``remember_speedup`` (against the default) as a record in
-    the ground truth under the trial's epoch-1 profile. ``inputs`` are the figures the
-    decision weighed (epochs it projects over, costs, one-time seconds), to show why.
-    """
-
-    system: SystemConfig
-    phase: Phase
-    remember: SystemConfig | None
-    remember_cost: float | None
-    reason: str
-    inputs: Mapping[str, Any] = field(default_factory=dict)
-    remember_one_time: float | None = None
-    remember_speedup: float | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "phase", Phase(self.phase))
-        if (self.remember is None) != (self.remember_cost is None):
-            raise ValueError("remember and remember_cost are set together or not at all")
-
 
 
 class SystemTuner:
@@ -197,42 +103,16 @@ class SystemTuner:
         #: Candidates reserving more cores than this are not probed (None: no limit).
         self.max_cores = max_cores
         default.check_machine(self.machine, where="system.default")
-        self.space = _normalise_space(space)
+        self.space = normalise_space(space)
         #: Candidates left out of the plan, as ``"knob=value: why"``.
-        self.dropped: list[str] = []
-        self._candidates = self._plan()
+        self._candidates, self.dropped = probe_plan(
+            default, self.space, self.machine, max_cores=max_cores, max_probes=max_probes)
 
     # -- the plan ------------------------------------------------------------------
     def candidates(self) -> list[SystemConfig]:
         """The probe plan in probing order: default excluded, invalid-on-machine dropped."""
         return list(self._candidates)
 
-    def _plan(self) -> tuple[SystemConfig, ...]:
-        planned: list[SystemConfig] = []
-        for knob, values in self.space.items():
-            for value in values:
-                if _same_value(value, getattr(self.default, knob)):
-                    continue
-                try:
-                    candidate = self.default.replace(**{knob: value})
-                    candidate.check_machine(self.machine, where=SPACE_FIELD)
-                except SystemConfigError as err:
-                    self.dropped.append(f"{knob}={value!r}: {err.message}")
-                    continue
-                if self.max_cores is not None and candidate.cores > self.max_cores:
-                    self.dropped.append(
-                        f"{knob}={value!r}: reserves more than {self.max_cores} core(s), "
-                        "what a trial can hold while trials run side by side")
-                    continue
-                if candidate not in planned:
-                    planned.append(candidate)
-        if self.max_probes is not None:
-            for extra in planned[self.max_probes :]:
-                self.dropped.append(f"{describe_change(self.default, extra)}: over max_probes")
-            planned = planned[: self.max_probes]
-        return tuple(planned)
-
-    # -- the policy ----------------------------------------------------------------
     def next_epoch(
         self,
         history: Sequence[EpochObservation],
@@ -324,10 +204,11 @@ class SystemTuner:
         known_one_time: float | None = None,
         probed_elsewhere: bool = False,
     ) -> TuningDecision:
-        history = _checked_history(history)
+        history = checked_history(history)
         if not isinstance(epochs_left, int) or epochs_left < 0:
             raise ValueError(f"epochs_left must be an integer >= 0, got {epochs_left!r}")
-        horizon, weighed = _horizon(epochs_left, sure_epochs, expected_epochs, known_one_time)
+        horizon, weighed = weighed_horizon(epochs_left, sure_epochs, expected_epochs,
+                                           known_one_time)
         if not self.enabled:
             return TuningDecision(
                 self.default, Phase.TRAIN, None, None, "pipetune off: default config"
@@ -338,17 +219,17 @@ class SystemTuner:
         hit_config, why = self._usable_hit(match, history)
         if hit_config is not None:
             assert match is not None
-            return self._reuse(history, hit_config, match, horizon, why, weighed,
-                               known_one_time)
+            return weigh_reuse(self.default, history, hit_config, match, horizon, why,
+                               weighed, known_one_time)
 
         later = history[1:]
         probed = [o for o in later if o.phase is Phase.PROBE]
-        rejected = ({match.config, self._without_one_time(match.config)}
+        rejected = ({match.config, without_one_time(self.default, match.config)}
                     if match is not None and match.hit and match.config is not None else set())
         trained = any(o.phase is Phase.TRAIN and o.system not in rejected for o in later)
         observed = [o.system for o in history]
         untried = [c for c in self._candidates if not self._tried(c, observed)]
-        cheap = self._cheap_one_time(history, known_one_time)
+        cheap = cheap_one_time(history, known_one_time)
         if epochs_left > 0:
             fits = [c for c in untried
                     if not c.one_time_knobs() or (cheap and horizon >= 2)
@@ -365,7 +246,7 @@ class SystemTuner:
                 if nxt.one_time_knobs() and cheap and horizon < MIN_ONE_TIME_HORIZON:
                     reason += " (its one-time cost is paid on this worker already)"
                 return TuningDecision(nxt, Phase.PROBE, None, None, reason, inputs=weighed)
-        not_yet = self._not_yet(untried, horizon, expected_epochs is not None,
+        not_yet = not_yet_said(self.default, untried, horizon, expected_epochs is not None,
                                 probed_elsewhere)
 
         best = self.best_observed(history)
@@ -389,20 +270,6 @@ class SystemTuner:
         return TuningDecision(config, Phase.TRAIN, config, cost, reason + "; record it",
                               inputs=inputs, remember_one_time=one_time, remember_speedup=speedup)
 
-    def _not_yet(self, untried: Sequence[SystemConfig], horizon: float, expected: bool,
-                 probed_elsewhere: bool) -> str:
-        """What a decision says of the one-time knobs it left unprobed, and why."""
-        deferred = [c for c in untried if c.one_time_knobs()]
-        if not deferred:
-            return ""
-        kind = "expected" if expected else "sure"
-        why_not = ("another trial is probing it now" if probed_elsewhere
-                   and horizon >= MIN_ONE_TIME_HORIZON else
-                   f"{_rounded(horizon)} {kind} epoch(s) < {MIN_ONE_TIME_HORIZON} to earn a "
-                   "one-time cost back")
-        return (f"; {', '.join(describe_change(self.default, c) for c in deferred)} "
-                f"not probed: {why_not}")
-
     def _first_epoch(self, match: GroundTruthMatch | None) -> TuningDecision:
         """Epoch 1, profiled: under a known job's config when the ground truth knows the
         job already (its one-time knobs left for later), else under the default."""
@@ -424,7 +291,7 @@ class SystemTuner:
         once the trial's sure epochs are known), if this machine can run it."""
         if match is None or not match.hit or match.known_graph is None or match.config is None:
             return None
-        config = self._without_one_time(match.config)
+        config = without_one_time(self.default, match.config)
         try:
             config.check_machine(self.machine)
         except SystemConfigError:
@@ -459,79 +326,6 @@ class SystemTuner:
             return candidate
         return on_top
 
-    def _cheap_one_time(self, history: Sequence[EpochObservation],
-                        known_one_time: float | None) -> bool:
-        """Whether the worker's known one-time cost is small beside one epoch
-        (:data:`CHEAP_ONE_TIME_SHARE`)."""
-        if known_one_time is None or not history:
-            return False
-        first = history[0]
-        epoch = first.steady_cost * first.samples if first.samples else math.inf
-        return math.isfinite(epoch) and known_one_time <= CHEAP_ONE_TIME_SHARE * epoch
-
-    def _reuse(self, history: list[EpochObservation], config: SystemConfig,
-               match: GroundTruthMatch, horizon: float, why: str,
-               weighed: Mapping[str, Any] | None = None,
-               known_one_time: float | None = None) -> TuningDecision:
-        """Train under the ground truth's ``config``, its one-time knobs only where they
-        are earned back within ``horizon`` (expected, else sure) epochs. The trial first
-        measures its own steady rate under ``config`` without them (unless it has), then
-        weighs: the gain is ``horizon x samples x`` that rate ``x (1 - 1/speedup)``
-        (``speedup``: what the knobs added on top, as recorded), against the one-time
-        cost: what the trial's worker paid for this graph before where known
-        (``known_one_time``), else the recorded one."""
-        ran = {o.system for o in history}
-        knobs = config.one_time_knobs()
-        if not knobs or config in ran:
-            under = [o for o in history if o.system == config]
-            if knobs and len(under) == 1 and history[-1].system == config:
-                # The reused one-time knob has run once here: record what it cost this
-                # time (a warm compile cache makes it a fraction of the first), so the
-                # ground truth's figures follow what trials pay now.
-                one_time, speedup = self.figures(history, config)
-                return TuningDecision(
-                    config, Phase.TRAIN, config, under[0].steady_cost,
-                    f"{why}: {describe_change(self.default, config)}; record what it cost",
-                    remember_one_time=one_time, remember_speedup=speedup)
-            return TuningDecision(config, Phase.TRAIN, None, None,
-                                  f"{why}: {describe_change(self.default, config)}")
-        without = self._without_one_time(config)
-        own = [o.steady_cost for o in history if o.system == without]
-        if not own:
-            return TuningDecision(
-                without, Phase.TRAIN, None, None,
-                f"{why}: {describe_change(self.default, without)} first, to weigh "
-                f"{', '.join(knobs)} against this trial's own rate")
-        base_steady = sum(own) / len(own)
-        samples = history[-1].samples or history[0].samples
-        one_time = known_one_time if known_one_time is not None else match.one_time
-        kind = "sure" if weighed is None or "expected_epochs" not in weighed else "expected"
-        inputs: dict[str, Any] = {**(weighed or {f"{kind}_epochs": horizon}),
-                                  "base_steady_cost": base_steady, "samples": samples,
-                                  "one_time": one_time, "recorded_one_time": match.one_time,
-                                  "speedup": match.speedup}
-        if one_time is None or match.speedup is None or not math.isfinite(base_steady):
-            pays = horizon >= MIN_ONE_TIME_HORIZON
-            detail = (f"no one-time figures recorded; {_rounded(horizon)} {kind} epoch(s) "
-                      f"{'>=' if pays else '<'} {MIN_ONE_TIME_HORIZON}")
-        else:
-            speedup = max(match.speedup, 1e-9)
-            gain = horizon * samples * base_steady * (1.0 - 1.0 / speedup)
-            pays = gain > one_time
-            inputs["gain"] = gain
-            where = "" if known_one_time is None else " on this worker"
-            detail = (f"saves {gain:.3g} over {_rounded(horizon)} {kind} epoch(s) at "
-                      f"{speedup:.2f}x {'>' if pays else '<='} {one_time:.3g} once{where}")
-        chosen = config if pays else without
-        verb = "pays" if pays else "does not pay"
-        reason = (f"{why}: {describe_change(self.default, chosen)} "
-                  f"({', '.join(knobs)} {verb}: {detail})")
-        return TuningDecision(chosen, Phase.TRAIN, None, None, reason, inputs=inputs)
-
-    def _without_one_time(self, config: SystemConfig) -> SystemConfig:
-        """``config`` with its one-time knobs set back to the default's."""
-        return config.replace(**{k: getattr(self.default, k) for k in config.one_time_knobs()})
-
     def best_observed(
         self, history: Sequence[EpochObservation]
     ) -> tuple[SystemConfig, float] | None:
@@ -543,7 +337,7 @@ class SystemTuner:
         already: from here on only the steady rate counts), applying the margin
         described on the class.
         """
-        history = _checked_history(history)
+        history = checked_history(history)
         if not history:
             return None
         probes: dict[SystemConfig, list[float]] = {}
@@ -564,22 +358,9 @@ class SystemTuner:
 
     def figures(self, history: Sequence[EpochObservation],
                 config: SystemConfig) -> tuple[float | None, float | None]:
-        """``(one_time, speedup)`` of ``config`` in this trial: the one-time cost of the
-        first epoch that ran it, and its speed-up over the same config without its
-        one-time knobs (for a config without any: over the default), each steady cost
-        per sample as this trial measured it (``None`` where it measured no base)."""
-        runs = [o for o in history if o.system == config]
-        if not runs or not history:
-            return None, None
-        steady = sum(o.steady_cost for o in runs) / len(runs)
-        base_config = (self._without_one_time(config) if config.one_time_knobs()
-                       else self.default)
-        base_runs = [o.steady_cost for o in history if o.system == base_config]
-        base = sum(base_runs) / len(base_runs) if base_runs else math.nan
-        speedup = base / steady if steady > 0 and math.isfinite(base) else None
-        one_time = runs[0].one_time if config != history[0].system else 0.0
-        return one_time, speedup
-
+        """``(one_time, speedup)`` of ``config`` in this trial
+        (:func:`~pipetune.tuner.one_time.figures`)."""
+        return figures(self.default, history, config)
     def _usable_hit(self, match: GroundTruthMatch | None,
                     history: Sequence[EpochObservation] = ()) -> tuple[SystemConfig | None, str]:
         if match is None:
@@ -611,87 +392,3 @@ class SystemTuner:
             f"SystemTuner(default={self.default.label()!r}, enabled={self.enabled}, "
             f"plan={self.plan!r}, candidates={len(self._candidates)})"
         )
-
-
-def describe_change(default: SystemConfig, config: SystemConfig) -> str:
-    """The knobs where ``config`` differs from ``default``, e.g. ``cores=2``."""
-    changed = [
-        f"{k}={getattr(config, k)}"
-        for k in KNOBS
-        if not _same_value(getattr(config, k), getattr(default, k))
-    ]
-    return ", ".join(changed) if changed else "default"
-
-
-def _normalise_space(space: Mapping[str, Sequence[Any]]) -> dict[str, tuple[Any, ...]]:
-    if not isinstance(space, Mapping):
-        raise SpecError(SPACE_FIELD, f"must be a mapping of knob -> values, got {space!r}")
-    unknown = sorted(set(space) - set(KNOBS))
-    if unknown:
-        raise SpecError(f"{SPACE_FIELD}.{unknown[0]}", f"unknown knob; allowed: {', '.join(KNOBS)}")
-    out: dict[str, tuple[Any, ...]] = {}
-    for knob in KNOBS:
-        if knob not in space:
-            continue
-        values = space[knob]
-        field = f"{SPACE_FIELD}.{knob}"
-        if isinstance(values, str | bytes) or not isinstance(values, Sequence) or not values:
-            raise SpecError(field, f"must be a non-empty list of values, got {values!r}")
-        kept: list[Any] = []
-        for value in values:
-            _check_knob_value(knob, value, field)
-            if not any(_same_value(value, v) for v in kept):
-                kept.append(value)
-        out[knob] = tuple(kept)
-    return out
-
-
-def _check_knob_value(knob: str, value: Any, field: str) -> None:
-    """Reject a value that is malformed on its own (not merely unusable with the default)."""
-    base = {"device": "cuda"} if knob in (*CUDA_KNOBS, "precision") else {}
-    try:
-        SystemConfig(**{**base, knob: value})
-    except SystemConfigError as err:
-        raise SpecError(field, err.message) from None
-
-
-def _same_value(a: Any, b: Any) -> bool:
-    # True == 1 in Python; a knob value of the wrong type is a different value.
-    return type(a) is type(b) and a == b
-
-
-def _finite_or_inf(cost: float) -> float:
-    return cost if not math.isnan(cost) else math.inf
-
-
-def _checked_history(history: Sequence[EpochObservation]) -> list[EpochObservation]:
-    out = list(history)
-    for i, obs in enumerate(out, start=1):
-        if not isinstance(obs, EpochObservation):
-            raise TypeError(f"history[{i - 1}] is a {type(obs).__name__}, not an EpochObservation")
-        if obs.epoch != i:
-            raise ValueError(f"history must list epochs 1..n in order; item {i} is {obs.epoch}")
-    return out
-
-
-def _horizon(epochs_left: int, sure_epochs: int | None, expected_epochs: float | None,
-             known_one_time: float | None) -> tuple[float, dict[str, Any]]:
-    """The epochs a one-time cost is weighed against (the expected ones when the
-    scheduler says, else the sure ones, else all left), and the figures to show."""
-    if expected_epochs is not None:
-        horizon: float = max(0.0, min(float(expected_epochs), float(epochs_left)))
-    else:
-        horizon = epochs_left if sure_epochs is None else max(0, min(sure_epochs, epochs_left))
-    weighed: dict[str, Any] = {"expected_epochs" if expected_epochs is not None
-                               else "sure_epochs": _rounded(horizon)}
-    if sure_epochs is not None and expected_epochs is not None:
-        weighed["sure_epochs"] = sure_epochs
-    if known_one_time is not None:
-        weighed["worker_one_time"] = _rounded(known_one_time)
-    return horizon, weighed
-
-
-def _rounded(value: float) -> float | int:
-    """A horizon as a decision shows it: whole epochs as an int, else 2 decimals."""
-    value = float(value)
-    return int(value) if value.is_integer() else round(value, 2)
