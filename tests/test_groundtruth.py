@@ -485,3 +485,11 @@ def test_the_oldest_records_go_first_and_a_cheaper_newcomer_stays(tmp_path):
     gt.remember(noisy(CONV_JOB, 9), 32, "time", WORKERS1, 0.5, trial="cheap")
     assert [r["trial"] for r in _records(gt)] == ["c3", "cheap"]
     assert gt.lookup(noisy(CONV_JOB, 99), 32, "time").config == WORKERS1
+
+
+def test_record_is_the_deprecated_name_of_remember(tmp_path):
+    """``GroundTruth.record`` still stores, with a DeprecationWarning naming ``remember``."""
+    gt = GroundTruth(tmp_path / "gt.json")
+    with pytest.warns(DeprecationWarning, match="GroundTruth.remember"):
+        gt.record(noisy(CONV_JOB, 1), 32, "time", CORES2, 0.01)
+    assert GroundTruth(tmp_path / "gt.json").lookup(noisy(CONV_JOB, 1), 32, "time").hit
