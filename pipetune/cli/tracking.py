@@ -17,7 +17,7 @@ EXIT_UNSENT = 1
 
 def run_flush(args: argparse.Namespace) -> int:
     from pipetune.errors import PipetuneError
-    from pipetune.tracking.sink import send_spool
+    from pipetune.tracking.flush import send_spool
     from pipetune.tracking.spool import StoreUnavailable
 
     try:

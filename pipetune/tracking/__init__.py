@@ -35,16 +35,16 @@ from __future__ import annotations
 
 from pipetune.home import default_tracking_uri
 from pipetune.tracking.api import Tracker
-from pipetune.tracking.sink import (
+from pipetune.tracking.flush import send_spool
+from pipetune.tracking.runs import (
     MAX_ENTITIES_PER_BATCH,
     MAX_METRICS_PER_BATCH,
     MAX_PARAMS_PER_BATCH,
     MAX_TAGS_PER_BATCH,
-    MlflowSink,
     WriterError,
     batches,
-    send_spool,
 )
+from pipetune.tracking.sink import MlflowSink
 from pipetune.tracking.spool import (
     SpoolNote,
     StoreUnavailable,

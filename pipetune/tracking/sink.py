@@ -9,46 +9,33 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import time
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipetune.errors import PipetuneError
+from pipetune.tracking.runs import StudyRuns, WriterError
 from pipetune.tracking.spool import (
     START_WAIT_ENV,
+    SUMMARY_TIMEOUT_S,
     Spool,
     SpoolNote,
     StoreUnavailable,
     TrackingUnreachable,
     from_json,
-    spool_path,
+    quick_requests,
+    short_error,
     store_unavailable,
+    timed_out,
 )
-from pipetune.tracking.store import DEFAULT_EXPERIMENT, ensure_experiment, mlflow_client
+from pipetune.tracking.store import DEFAULT_EXPERIMENT, ensure_experiment
 
 if TYPE_CHECKING:
-    from mlflow.entities import Metric, Param, RunTag
     from mlflow.tracking import MlflowClient
 
 logger = logging.getLogger(__name__)
 
-
-def as_metric(key: str, value: float, step: int, timestamp_ms: int) -> Metric:
-    """An MLflow ``Metric`` entity, ``value`` as a float."""
-    from mlflow.entities import Metric
-
-    return Metric(key=key, value=float(value), timestamp=timestamp_ms, step=step)
-
-
-#: MLflow's limits on one ``log_batch`` call (``mlflow.utils.validation``).
-MAX_METRICS_PER_BATCH = 1000
-MAX_PARAMS_PER_BATCH = 100
-MAX_TAGS_PER_BATCH = 100
-MAX_ENTITIES_PER_BATCH = 1000
 
 #: Seconds between tries to send what waits in a spool while the store does not answer.
 RETRY_S = 3.0
@@ -56,27 +43,6 @@ RETRY_S = 3.0
 #: what landed: a request it had taken in while stopped (SIGSTOP, a frozen VM) is
 #: carried out as it runs again.
 SETTLE_S = 1.0
-#: MLflow's REST settings while a sink with a spool writes: a store that does not answer
-#: costs a few seconds before the write waits in the spool (not MLflow's 7 retries of
-#: 120 s each); the environment's own values win.
-QUICK_REQUESTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "5", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
-#: The timeout (s) of the study's summary write instead: it uploads the best model,
-#: whose answer a server may take longer to give.
-SUMMARY_TIMEOUT_S = 30
-
-
-def batches(
-    metrics: Sequence[Metric], params: Sequence[Param], tags: Sequence[RunTag]
-) -> Iterator[tuple[list[Metric], list[Param], list[RunTag]]]:
-    """Split one run's writes into ``log_batch`` calls within MLflow's limits, in order."""
-    m, p, t = 0, 0, 0
-    while m < len(metrics) or p < len(params) or t < len(tags):
-        ps = list(params[p:p + MAX_PARAMS_PER_BATCH])
-        ts = list(tags[t:t + MAX_TAGS_PER_BATCH])
-        room = min(MAX_METRICS_PER_BATCH, MAX_ENTITIES_PER_BATCH - len(ps) - len(ts))
-        ms = list(metrics[m:m + room])
-        m, p, t = m + len(ms), p + len(ps), t + len(ts)
-        yield ms, ps, ts
 
 
 @dataclass
@@ -89,8 +55,10 @@ class _Buffer:
     tags: dict[str, str] = field(default_factory=dict)
 
 
-class WriterError(RuntimeError):
-    """The background MLflow writer cannot finish what was queued (it died or timed out)."""
+def _runs_attribute(name: str) -> property:
+    """An attribute of the sink's :class:`StudyRuns`, read and set through the sink."""
+    return property(lambda self: getattr(self.runs, name),
+                    lambda self, value: setattr(self.runs, name, value))
 
 
 class MlflowSink:
@@ -116,12 +84,10 @@ class MlflowSink:
                  parent_run_id: str | None = None, tracking_uri: str | None = None,
                  client: MlflowClient | None = None, children: dict[int, str] | None = None,
                  spool: str | None = None):
-        self._client = client
-        self.tracking_uri = tracking_uri
-        self.experiment_id = experiment_id
-        self.parent_run_id = parent_run_id
-        self.tags = tags
-        self._children: dict[int, str] = dict(children or {})
+        #: What each write does to the store; this sink decides when it goes.
+        self.runs = StudyRuns(tags=tags, experiment_id=experiment_id,
+                              parent_run_id=parent_run_id, tracking_uri=tracking_uri,
+                              client=client, children=children)
         self._pending: dict[Hashable, _Buffer] = {}
         self._spool = Spool(spool) if spool else None
         #: Writes wait in the spool: every new one goes behind them.
@@ -135,12 +101,14 @@ class MlflowSink:
 
     @property
     def client(self) -> Any:
-        """The sink's MLflow client, built on first use: building one creates (or
-        migrates) a SQLite store, which must wait for :func:`ensure_experiment`'s lock
-        when several commands start on one fresh store."""
-        if self._client is None:
-            self._client = mlflow_client(self.tracking_uri)
-        return self._client
+        """The MLflow client (:attr:`StudyRuns.client`)."""
+        return self.runs.client
+
+    tracking_uri = property(lambda self: self.runs.tracking_uri)
+    experiment_id = _runs_attribute("experiment_id")
+    parent_run_id = _runs_attribute("parent_run_id")
+    tags = _runs_attribute("tags")
+    _children = _runs_attribute("children")
 
     # -- the study's run ---------------------------------------------------------------
     def experiment(self, name: str = DEFAULT_EXPERIMENT) -> str:
@@ -158,7 +126,7 @@ class MlflowSink:
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                with _quick_requests():
+                with quick_requests():
                     return ensure_experiment(uri, name)
             except Exception as e:
                 if not store_unavailable(e):
@@ -166,7 +134,7 @@ class MlflowSink:
                 if time.monotonic() >= deadline:
                     raise TrackingUnreachable(
                         f"the MLflow tracking store at {uri} does not answer after "
-                        f"{wait_s:.0f} s ({_short(e)}): the study cannot open its MLflow "
+                        f"{wait_s:.0f} s ({short_error(e)}): the study cannot open its MLflow "
                         "run. Start the tracking server (or check its address), or give "
                         "another --tracking-uri") from None
                 time.sleep(2)
@@ -226,7 +194,7 @@ class MlflowSink:
         ensure_experiment(self._uri(), experiment)
         self.parent_run_id = run_id
         self.experiment_id = self.client.get_run(run_id).info.experiment_id
-        self._children = self.children_from_store()
+        self._children = self.runs.children_from_store()
         # What the study's last run left waiting goes first (its end, KILLED, included).
         if self._spooling and not self._send_waiting(force=True):
             raise StoreUnavailable(
@@ -268,51 +236,6 @@ class MlflowSink:
                     list(files), best_model, best_trial, end, end_time, force=True)
         return self.waiting()
 
-    def _op_finish_study(self, metrics: Sequence[Sequence[Any]],
-                         params: Sequence[Sequence[str]], tags: Sequence[Sequence[str]],
-                         texts: Sequence[Sequence[str]], files: Sequence[Sequence[Any]],
-                         best_model: Sequence[Any] | None, best_trial: int | None,
-                         end: bool, end_time: int | None, *, unsure: bool) -> None:
-        import json
-        import tempfile
-        from pathlib import Path
-
-        from mlflow.entities import Param, RunTag
-
-        run_id = self.parent_run_id
-        tags = [tuple(t) for t in tags]
-        if best_trial is not None and best_trial in self._children:
-            tags.append(("best_trial_run_id", self._children[best_trial]))
-        if unsure:
-            metrics = self._unsent(run_id, metrics)
-        if metrics or params or tags:
-            for ms, ps, ts in batches([as_metric(*m) for m in metrics],
-                                      [Param(k, v) for k, v in params],
-                                      [RunTag(k, v) for k, v in tags]):
-                self.client.log_batch(run_id, metrics=ms, params=ps, tags=ts)
-        for content, name in texts:
-            self.client.log_text(run_id, content, name)
-        if files:
-            with tempfile.TemporaryDirectory() as tmp:
-                for content, name in files:
-                    path = Path(tmp) / name
-                    path.write_bytes(content)
-                    self.client.log_artifact(run_id, str(path))
-        if best_model is not None:
-            from pipetune.checkpoints import CheckpointStore
-            from pipetune.tracking.best_model import CHECKPOINT_FILE
-
-            checkpoint, record, recipe = best_model
-            with tempfile.TemporaryDirectory() as tmp:
-                folder = Path(tmp)
-                (folder / CHECKPOINT_FILE).write_bytes(CheckpointStore.read_bytes(checkpoint))
-                (folder / "best_model.json").write_text(json.dumps(record, indent=2,
-                                                                   default=str))
-                (folder / "load_best_model.py").write_text(recipe)
-                self.client.log_artifacts(run_id, tmp, "best_model")
-        if end:
-            self.client.set_terminated(run_id, status="FINISHED", end_time=end_time)
-
     def fail_study(self, status: str, reason: str | None = None,
                    end_time: int | None = None) -> SpoolNote | None:
         """What was sent written as far as it can be, then every trial run still
@@ -337,51 +260,8 @@ class MlflowSink:
             raise error
         return self.waiting()
 
-    def _op_fail_study(self, status: str, reason: str | None, end_time: int | None, *,
-                       unsure: bool) -> None:
-        error: Exception | None = None
-        if reason:
-            try:
-                self.client.set_tag(self.parent_run_id, "pipetune.failure", reason[:5000])
-            except Exception as e:  # noqa: BLE001
-                error = error or e
-        if unsure or not self._children:
-            with contextlib.suppress(Exception):
-                self._children.update(self.children_from_store())
-        for trial_id, run_id in sorted(self._children.items()):
-            try:
-                if self.client.get_run(run_id).info.status == "RUNNING":
-                    self.client.set_terminated(run_id, status="KILLED", end_time=end_time)
-            except Exception as e:  # noqa: BLE001
-                logger.warning("MLflow: could not end the run of trial %s: %s", trial_id, e)
-                error = error or e
-        try:
-            self.client.set_terminated(self.parent_run_id, status=status, end_time=end_time)
-        except Exception as e:  # noqa: BLE001
-            logger.warning("MLflow: could not mark study run %s ended: %s",
-                           self.parent_run_id, e)
-            error = error or e
-        if error is not None:
-            raise error
-
-    def children_from_store(self) -> dict[int, str]:
-        """Trial id -> run id of the parent run's trial runs, as the store has them."""
-        runs = self.client.search_runs(
-            [self.experiment_id], f"tags.mlflow.parentRunId = '{self.parent_run_id}'")
-        return {int(r.data.tags["pipetune.trial_id"]): r.info.run_id for r in runs
-                if "pipetune.trial_id" in r.data.tags}
-
     def _uri(self) -> str:
-        return self.tracking_uri or str(self._client.tracking_uri)
-
-    def _run_id(self, run: Hashable) -> str:
-        if isinstance(run, tuple):
-            try:
-                return self._children[run[1]]
-            except KeyError:
-                raise WriterError(f"trial {run[1]} has no MLflow run (creating it failed)") \
-                    from None
-        return str(run)
+        return self.runs.uri()
 
     def log(self, run: Hashable, metrics: Sequence[tuple[str, float, int, int]] = (),
             params: Sequence[tuple[str, str]] = (), tags: Sequence[tuple[str, str]] = ()) -> None:
@@ -411,56 +291,11 @@ class MlflowSink:
         if error is not None:
             raise error
 
-    def _op_log_batch(self, run: Hashable, metrics: Sequence[Sequence[Any]],
-                      params: Sequence[Sequence[str]], tags: Sequence[Sequence[str]], *,
-                      unsure: bool) -> None:
-        from mlflow.entities import Param, RunTag
-
-        run_id = self._run_id(run)
-        if unsure:
-            metrics = self._unsent(run_id, metrics)
-        for ms, ps, ts in batches([as_metric(*m) for m in metrics],
-                                  [Param(k, v) for k, v in params],
-                                  [RunTag(k, v) for k, v in tags]):
-            self.client.log_batch(run_id, metrics=ms, params=ps, tags=ts)
-
-    def _unsent(self, run_id: str, metrics: Sequence[Sequence[Any]]) -> list[Sequence[Any]]:
-        """``metrics`` less those already in ``run_id``'s history (same key, step,
-        timestamp and value): a write that may have landed before its call failed."""
-        have: set[tuple[str, int, int, float]] = set()
-        for key in sorted({m[0] for m in metrics}):
-            for h in self.client.get_metric_history(run_id, key):
-                have.add((key, int(h.step), int(h.timestamp), _same(h.value)))
-        out = [m for m in metrics if (m[0], int(m[2]), int(m[3]), _same(m[1])) not in have]
-        if len(out) < len(metrics):
-            logger.info("MLflow: %d metric(s) of run %s were in already; not sent again",
-                        len(metrics) - len(out), run_id)
-        return out
-
     def create_child(self, trial_id: int, start_time: int | None = None) -> None:
         """The run of trial ``trial_id``, a child of the study's, starting at
         ``start_time`` (ms since the epoch: when the trial started; default now)."""
         self.idle()
         self._write("create_child", trial_id, start_time)
-
-    def _op_create_child(self, trial_id: int, start_time: int | None, *,
-                         unsure: bool) -> None:
-        if unsure and trial_id not in self._children:  # created before its call failed?
-            self._children.update(self.children_from_store())
-        if trial_id in self._children:
-            return
-        run = self.client.create_run(
-            self.experiment_id,
-            start_time=start_time,
-            run_name=f"trial-{trial_id}",
-            tags={
-                **self.tags,
-                "mlflow.parentRunId": self.parent_run_id,
-                "pipetune.kind": "trial",
-                "pipetune.trial_id": str(trial_id),
-            },
-        )
-        self._children[trial_id] = run.info.run_id
 
     def log_profiles(self, run: Hashable, rows: list[dict[str, Any]]) -> None:
         import pandas as pd
@@ -473,23 +308,10 @@ class MlflowSink:
         self.idle()
         self._write("log_text", run, content, name)
 
-    def _op_log_text(self, run: Hashable, content: str, name: str, *, unsure: bool) -> None:
-        self.client.log_text(self._run_id(run), content, name)
-
     def terminate(self, run: Hashable, status: str, end_time: int | None = None) -> None:
         """``run`` ended ``status`` at ``end_time`` (ms since the epoch; default now)."""
         self.idle()
         self._write("terminate", run, status, end_time)
-
-    def _op_terminate(self, run: Hashable, status: str, end_time: int | None, *,
-                      unsure: bool) -> None:
-        self.client.set_terminated(self._run_id(run), status=status, end_time=end_time)
-
-    def _op_reopen(self, run_ids: Sequence[str], *, unsure: bool) -> None:
-        for run_id in run_ids:
-            self.client.update_run(run_id, status="RUNNING")
-            if "error" in self.client.get_run(run_id).data.tags:
-                self.client.delete_tag(run_id, "error")
 
     def children(self) -> dict[int, str]:
         """Everything sent so far written (or spooled); trial id -> child run id."""
@@ -524,10 +346,10 @@ class MlflowSink:
         if op not in SPOOLED_OPS:
             raise WriterError(f"unknown spooled write {op!r}")
         if self._spool is None:
-            getattr(self, f"_op_{op}")(*args, unsure=unsure)
+            getattr(self.runs, op)(*args, unsure=unsure)
             return
-        with _quick_requests(SUMMARY_TIMEOUT_S if op == "finish_study" else None):
-            getattr(self, f"_op_{op}")(*args, unsure=unsure)
+        with quick_requests(SUMMARY_TIMEOUT_S if op == "finish_study" else None):
+            getattr(self.runs, op)(*args, unsure=unsure)
 
     def _header(self) -> dict[str, Any]:
         return {"tracking_uri": self._uri(), "experiment_id": self.experiment_id,
@@ -558,9 +380,9 @@ class MlflowSink:
         sent = 0
         with self._spool.locked():
             _, writes = self._spool.read()
-            if writes and _timed_out(self._unavailable):
+            if writes and timed_out(self._unavailable):
                 try:  # a write that timed out may still be on its way in the server
-                    with _quick_requests():
+                    with quick_requests():
                         self.client.get_experiment(self.experiment_id)
                 except Exception as e:  # noqa: BLE001
                     if store_unavailable(e):
@@ -600,8 +422,8 @@ class MlflowSink:
         if self._spool is None:
             return 0
         if self.parent_run_id is not None and self.experiment_id is not None:
-            with _quick_requests():
-                self._children.update(self.children_from_store())
+            with quick_requests():
+                self._children.update(self.runs.children_from_store())
         sent, error = self._drain()
         if error is not None:
             raise error
@@ -612,75 +434,8 @@ class MlflowSink:
         return sent
 
 
-def send_spool(study_id: str, home: Path | None = None) -> tuple[int, str | None]:
-    """Send what study ``study_id`` left in its spool, in order, each write once;
-    returns ``(writes sent, tracking URI)`` (``(0, None)`` when nothing waits).
-
-    Raises :class:`StoreUnavailable` when the store still does not answer (what was
-    sent before is acknowledged; the rest waits), and what a write raised otherwise."""
-    path = spool_path(study_id, home)
-    if not path.parent.is_dir():
-        raise PipetuneError(f"no study {study_id!r} under {path.parent.parent}")
-    spool = Spool(path)
-    with spool.locked():
-        header, writes = spool.read()
-    if not writes:
-        return 0, None
-    uri = header["tracking_uri"]
-    sink = MlflowSink(tags=header.get("tags", {}), tracking_uri=uri,
-                      experiment_id=header.get("experiment_id"),
-                      parent_run_id=header.get("parent_run_id"), spool=str(path))
-    try:
-        sent = sink.send_waiting()
-    except Exception as e:
-        if store_unavailable(e):
-            raise StoreUnavailable(f"MLflow at {uri} did not answer ({e}); "
-                                   f"{spool.waiting()} write(s) still wait in {path}") from e
-        raise
-    return sent, uri
-
-
-#: The writes a spool holds (``_op_<name>`` of :class:`MlflowSink`), and those whose
+#: The writes a spool holds (methods of :class:`~pipetune.tracking.runs.StudyRuns`), and those whose
 #: first argument is a run (a run id, or ``("trial", trial id)``: a list in JSON).
 SPOOLED_OPS = frozenset({"create_child", "log_batch", "log_text", "terminate", "reopen",
                          "finish_study", "fail_study"})
 RUN_OPS = frozenset({"log_batch", "log_text", "terminate"})
-
-
-def _timed_out(error: BaseException | None) -> bool:
-    """Whether ``error`` is a call that timed out: its request may have reached a server
-    that was stopped, and may still land once it runs again."""
-    text = str(error or "").lower()
-    return "timeout" in text or "timed out" in text
-
-
-def _same(value: float) -> float | str:
-    """A metric value as compared with the store's (NaN equal to NaN)."""
-    value = float(value)
-    return "nan" if math.isnan(value) else value
-
-
-def _short(error: BaseException) -> str:
-    """``error`` in a few words: its innermost reason (urllib3 nests three deep)."""
-    text = str(error)
-    for marker in ("Caused by ", "failed with exception "):
-        if marker in text:
-            text = text.rsplit(marker, 1)[1]
-    return f"{type(error).__name__}: {text.strip('()')[:200]}"
-
-
-@contextlib.contextmanager
-def _quick_requests(timeout_s: int | None = None) -> Iterator[None]:
-    """MLflow's REST calls fail fast while a sink with a spool writes (it spools and
-    tries again), unless the environment sets their timeout and retries itself."""
-    quick = dict(QUICK_REQUESTS)
-    if timeout_s is not None:
-        quick["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(timeout_s)
-    added = [k for k in quick if k not in os.environ]
-    for k in added:
-        os.environ[k] = quick[k]
-    try:
-        yield
-    finally:
-        for k in added:
-            os.environ.pop(k, None)

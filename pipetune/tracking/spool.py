@@ -221,3 +221,45 @@ class Spool:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         self._next_seq = 0
+
+
+#: MLflow's REST settings while a sink with a spool writes: a store that does not answer
+#: costs a few seconds before the write waits in the spool (not MLflow's 7 retries of
+#: 120 s each); the environment's own values win.
+QUICK_REQUESTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "5", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
+#: The timeout (s) of the study's summary write instead: it uploads the best model,
+#: whose answer a server may take longer to give.
+SUMMARY_TIMEOUT_S = 30
+
+
+@contextlib.contextmanager
+def quick_requests(timeout_s: int | None = None) -> Iterator[None]:
+    """MLflow's REST calls fail fast while a sink with a spool writes (it spools and
+    tries again), unless the environment sets their timeout and retries itself."""
+    quick = dict(QUICK_REQUESTS)
+    if timeout_s is not None:
+        quick["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(timeout_s)
+    added = [k for k in quick if k not in os.environ]
+    for k in added:
+        os.environ[k] = quick[k]
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
+def timed_out(error: BaseException | None) -> bool:
+    """Whether ``error`` is a call that timed out: its request may have reached a server
+    that was stopped, and may still land once it runs again."""
+    text = str(error or "").lower()
+    return "timeout" in text or "timed out" in text
+
+
+def short_error(error: BaseException) -> str:
+    """``error`` in a few words: its innermost reason (urllib3 nests three deep)."""
+    text = str(error)
+    for marker in ("Caused by ", "failed with exception "):
+        if marker in text:
+            text = text.rsplit(marker, 1)[1]
+    return f"{type(error).__name__}: {text.strip('()')[:200]}"
