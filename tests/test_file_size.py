@@ -20,8 +20,6 @@ STILL_BIG = {
     "pipetune/engine/study.py": 671,
     "pipetune/bench/ray_tune.py": 607,
     "pipetune/dask/backend.py": 587,
-    "pipetune/session.py": 537,
-    "pipetune/tracking/tracker.py": 475,
 }
 
 

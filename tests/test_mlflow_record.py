@@ -25,7 +25,8 @@ from pipetune.engine.study import Study
 from pipetune.groundtruth import GroundTruth
 from pipetune.net import free_port
 from pipetune.spec import JobSpec
-from pipetune.tracking.tracker import PHASE_CODES, StudyTracker, study_metric_name
+from pipetune.tracking.names import PHASE_CODES, study_metric_name
+from pipetune.tracking.tracker import StudyTracker
 
 STUDY_EXPERIMENT = "pipetune"
 RESUME_EXPERIMENT = "resumed"

@@ -1,7 +1,8 @@
-"""How a study's MLflow record names and shapes what it writes: the study's metric names
+"""How a study's MLflow record names and shapes what it writes: the study run's params and
+files, each epoch's metrics and tags, each ended trial's, the study's metric names
 (``study_<key>``), the epochs' ``phase_code``, a trial's start time and its phases as
 runs (``profile, probe x2, train x3``), the per-epoch profile table, and times in
-milliseconds as MLflow keeps them. Re-exported by :mod:`pipetune.tracking.tracker`."""
+milliseconds as MLflow keeps them."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
+from pipetune.errors import refused_by_store
 from pipetune.states import Phase
 
 if TYPE_CHECKING:
     from pipetune.engine.trial import Trial
+    from pipetune.runner import EpochResult
+    from pipetune.spec import JobSpec
 
 #: Every metric of the study's (parent) run is named with this prefix: the summary's
 #: ``energy_j`` is ``study_energy_j`` there, so no study-level figure shares a name, and
@@ -80,3 +84,99 @@ def profile_rows(trial: Trial) -> list[dict[str, Any]]:
         if r.phase.value != "profile":  # the operator mix is sampled in the profiled epoch only
             rows[-1].update({k: None for k in m.profile.features if k.startswith("op_")})
     return rows
+
+
+#: Metrics, params and tags as the sink takes them: ``(key, value, step, ms)``,
+#: ``(key, value)`` and ``(key, value)``.
+Metrics = list[tuple[str, float, int, int]]
+Pairs = list[tuple[str, str]]
+
+
+def study_params(spec: JobSpec) -> Pairs:
+    """The study run's params: the job as the runs table shows it."""
+    return [
+        ("job", spec.name),
+        ("workload", spec.workload.name),
+        ("search.algorithm", spec.search.algorithm),
+        ("search.trials", str(spec.search.trials)),
+        ("search.max_concurrent", str(spec.search.max_concurrent)),
+        ("early_stopping", spec.early_stopping.policy),
+        ("max_epochs", str(spec.early_stopping.max_epochs)),
+        ("objective.metric", f"{spec.objective.metric} ({spec.objective.mode})"),
+        ("objective.system", spec.objective.system),
+        ("pipetune.enabled", str(spec.pipetune.enabled)),
+        ("system.default", spec.system.default.label()),
+    ]
+
+
+def study_files(spec: JobSpec) -> list[tuple[dict[str, Any], str]]:
+    """The study run's JSON artifacts ``(content, file name)``: the whole job, and its
+    two search spaces."""
+    spec_dict = spec.to_dict()
+    return [(spec_dict, "job.json"),
+            ({"hyperparameters": spec_dict["hyperparameters"], "system": spec_dict["system"]},
+             "spaces.json")]
+
+
+def epoch_writes(objective: str, trial: Trial, result: EpochResult) -> tuple[Metrics, Pairs]:
+    """One finished epoch's metrics (at ``step = epoch``, the time it finished on its
+    worker) and tags on its trial's run: its measurement, its ``cost_per_sample`` under
+    ``objective``, every system knob, its phase, config and why it ran under it."""
+    ts = int(result.finished * 1000)
+    m = result.measurement
+    values: dict[str, float] = {
+        "phase_code": PHASE_CODES[result.phase],
+        "train_loss": result.train_loss,
+        "epoch_seconds": m.wall_s,
+        "samples_per_s": m.samples_per_s,
+        "energy_j": m.energy_j,
+        "cpu_util": m.cpu_util,
+        "cost_per_sample": result.cost(objective),
+        "profiler_overhead_s": m.overhead_s,
+        "one_time_s": m.one_time_s,
+        "steady_step_s": m.steady_step_s,
+        "cpu_wait_s": m.cpu_wait_s,
+        **{k: v for k, v in result.metrics.items()},
+        **result.system.as_metrics(),
+    }
+    metrics = [(k, float(v), result.epoch, ts) for k, v in values.items()]
+    tags = [
+        (f"epoch.{result.epoch:03d}.phase", result.phase.value),
+        (f"epoch.{result.epoch:03d}.system", result.system.label()),
+        ("energy_source", m.energy_source),
+        ("counters_source", m.counters_source),
+    ]
+    if len(trial.decisions) >= result.epoch:  # why this epoch ran under its config
+        reason = trial.decisions[result.epoch - 1].reason
+        tags.append((f"epoch.{result.epoch:03d}.decision", reason[:5000]))
+    return metrics, tags
+
+
+def trial_end_writes(trial: Trial, metric: str, ended: float) -> tuple[Metrics, Pairs, Pairs]:
+    """An ended trial's metrics, params and tags on its run (``ended``: when, s): its
+    outcome and error, the ground truth's answer, the config it settled on, its final
+    ``metric`` and its phases."""
+    tags = [("outcome", str(trial.state))]
+    if trial.error:
+        tags.append(("error", trial.error[:5000]))
+    now = _ms_floor(ended)
+    metrics = [("probe_epochs", float(trial.probe_epochs), 0, now)]
+    if trial.match is not None:
+        tags.append(("groundtruth", "hit" if trial.match.hit else "miss"))
+        tags.append(("groundtruth.reason", trial.match.reason[:5000]))
+        # the figures the reason shows rounded, at full precision
+        for name in ("distance", "bound", "cost"):
+            figure = getattr(trial.match, name)
+            if figure is not None and math.isfinite(figure):
+                metrics.append((f"groundtruth_{name}", float(figure), 0, now))
+    if trial.final_system is not None:
+        tags.append(("system.final", trial.final_system.label()))
+    value = trial.last_value(metric)
+    if value is not None:
+        metrics.append((f"final_{metric}", float(value), trial.epochs_run, now))
+    # A trial the checkpoint store refused goes on when the study is resumed: its
+    # phases (a param, written once) are logged when it really ends.
+    refused = trial.failure is not None and refused_by_store(trial.failure.line())
+    params = [("phases", phase_runs(trial)[:6000])] if trial.results and not refused \
+        else []
+    return metrics, params, tags

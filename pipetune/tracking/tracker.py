@@ -8,21 +8,21 @@ import contextlib
 import io
 import json
 import logging
-import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipetune.errors import refused_by_store
 from pipetune.states import TrialState
 from pipetune.tracking.api import Tracker
-from pipetune.tracking.names import (  # STUDY_METRIC_PREFIX ... profile_rows: re-exported
-    PHASE_CODES,
+from pipetune.tracking.names import (  # profile_rows: re-exported
     _ms_ceil,
     _ms_floor,
-    phase_runs,
+    epoch_writes,
     profile_rows,
+    study_files,
     study_metric_name,
+    study_params,
+    trial_end_writes,
     trial_started,
 )
 from pipetune.tracking.sink import MlflowSink
@@ -208,28 +208,9 @@ class StudyTracker(Tracker):
             self._sink.call("reopen", runs)
 
     def _create(self, spec: JobSpec, run_name: str | None, experiment: str) -> None:
-        spec_dict = spec.to_dict()
-        params = [
-            ("job", spec.name),
-            ("workload", spec.workload.name),
-            ("search.algorithm", spec.search.algorithm),
-            ("search.trials", str(spec.search.trials)),
-            ("search.max_concurrent", str(spec.search.max_concurrent)),
-            ("early_stopping", spec.early_stopping.policy),
-            ("max_epochs", str(spec.early_stopping.max_epochs)),
-            ("objective.metric", f"{spec.objective.metric} ({spec.objective.mode})"),
-            ("objective.system", spec.objective.system),
-            ("pipetune.enabled", str(spec.pipetune.enabled)),
-            ("system.default", spec.system.default.label()),
-        ]
-        files = [
-            (spec_dict, "job.json"),
-            ({"hyperparameters": spec_dict["hyperparameters"], "system": spec_dict["system"]},
-             "spaces.json"),
-        ]
         args = ("open_study", experiment, run_name or spec.name,
-                {**self.tags, "pipetune.kind": "study", "pipetune.job": spec.name}, params,
-                files, _ms_floor(self.started))
+                {**self.tags, "pipetune.kind": "study", "pipetune.job": spec.name},
+                study_params(spec), study_files(spec), _ms_floor(self.started))
         if self._defer_open:  # the store is created and the run opened beside the study
             self._sink.send(*args)
         else:
@@ -287,34 +268,8 @@ class StudyTracker(Tracker):
     def log_epoch(self, trial: Trial, result: EpochResult) -> None:
         """Send the metrics of one finished epoch, at ``step = epoch``."""
         run = self._child(trial)
-        ts = int(result.finished * 1000)
-        self._latest_ms = max(self._latest_ms, ts)
-        m = result.measurement
-        values: dict[str, float] = {
-            "phase_code": PHASE_CODES[result.phase],
-            "train_loss": result.train_loss,
-            "epoch_seconds": m.wall_s,
-            "samples_per_s": m.samples_per_s,
-            "energy_j": m.energy_j,
-            "cpu_util": m.cpu_util,
-            "cost_per_sample": result.cost(self.spec.objective.system),
-            "profiler_overhead_s": m.overhead_s,
-            "one_time_s": m.one_time_s,
-            "steady_step_s": m.steady_step_s,
-            "cpu_wait_s": m.cpu_wait_s,
-            **{k: v for k, v in result.metrics.items()},
-            **result.system.as_metrics(),
-        }
-        metrics = [(k, float(v), result.epoch, ts) for k, v in values.items()]
-        tags = [
-            (f"epoch.{result.epoch:03d}.phase", result.phase.value),
-            (f"epoch.{result.epoch:03d}.system", result.system.label()),
-            ("energy_source", m.energy_source),
-            ("counters_source", m.counters_source),
-        ]
-        if len(trial.decisions) >= result.epoch:  # why this epoch ran under its config
-            reason = trial.decisions[result.epoch - 1].reason
-            tags.append((f"epoch.{result.epoch:03d}.decision", reason[:5000]))
+        metrics, tags = epoch_writes(self.spec.objective.system, trial, result)
+        self._latest_ms = max(self._latest_ms, metrics[0][3])
         self._sink.send("log", run, metrics, (), tags)
 
     def end_trial(self, trial: Trial, *, metric: str) -> None:
@@ -326,29 +281,7 @@ class StudyTracker(Tracker):
             ended = max(ended, trial.results[-1].finished)
         end_ms = _ms_ceil(ended)
         self._latest_ms = max(self._latest_ms, end_ms)
-        tags = [("outcome", str(trial.state))]
-        if trial.error:
-            tags.append(("error", trial.error[:5000]))
-        now = _ms_floor(ended)
-        metrics = [("probe_epochs", float(trial.probe_epochs), 0, now)]
-        if trial.match is not None:
-            tags.append(("groundtruth", "hit" if trial.match.hit else "miss"))
-            tags.append(("groundtruth.reason", trial.match.reason[:5000]))
-            # the figures the reason shows rounded, at full precision
-            for name in ("distance", "bound", "cost"):
-                figure = getattr(trial.match, name)
-                if figure is not None and math.isfinite(figure):
-                    metrics.append((f"groundtruth_{name}", float(figure), 0, now))
-        if trial.final_system is not None:
-            tags.append(("system.final", trial.final_system.label()))
-        value = trial.last_value(metric)
-        if value is not None:
-            metrics.append((f"final_{metric}", float(value), trial.epochs_run, now))
-        # A trial the checkpoint store refused goes on when the study is resumed: its
-        # phases (a param, written once) are logged when it really ends.
-        refused = trial.failure is not None and refused_by_store(trial.failure.line())
-        params = [("phases", phase_runs(trial)[:6000])] if trial.results and not refused \
-            else []
+        metrics, params, tags = trial_end_writes(trial, metric, ended)
         self._sink.send("log", run, metrics, params, tags)
         if trial.results:
             self._sink.send("log_profiles", run, profile_rows(trial))
