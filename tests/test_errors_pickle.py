@@ -41,6 +41,7 @@ SAMPLES = {
     "WriterError": lambda c: c("trial 3 has no MLflow run"),
     "OptunaRunFailed": lambda c: c(1, "Traceback ...\nRuntimeError: boom"),
     "RayTuneRunFailed": lambda c: c(1, "Traceback ...\nRuntimeError: boom"),
+    "PeerRunFailed": lambda c: c(1, "Traceback ...\nRuntimeError: boom"),
     "RayTuneUnavailable": lambda c: c("ray-tune: skipped (Ray Tune is not installed)"),
 }
 

@@ -18,7 +18,7 @@ FILES = sorted(p for top in ("pipetune", "flows", "tasks", "deployments")
 #: is split (lowered as each shrinks).
 STILL_BIG = {
     "pipetune/engine/study.py": 671,
-    "pipetune/bench/ray_tune.py": 607,
+    "pipetune/bench/ray_tune.py": 470,
     "pipetune/dask/backend.py": 587,
 }
 

@@ -35,14 +35,18 @@ import time
 #: (or from ``--started``), so heavy imports below it are part of the process time.
 _MODULE_STARTED = time.time()
 
-import argparse  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Mapping, Sequence  # noqa: E402
-from dataclasses import asdict, dataclass, field  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import TYPE_CHECKING, Any  # noqa: E402
+from dataclasses import dataclass, replace  # noqa: E402
+from typing import TYPE_CHECKING, Any, ClassVar  # noqa: E402
+
+from pipetune.bench.peers import (  # noqa: E402
+    PeerResult,
+    PeerTrialRow,
+    child_arguments,
+    print_result,
+)
 
 if TYPE_CHECKING:
     from pipetune.space import Distribution
@@ -54,64 +58,20 @@ THREADS_PER_TRIAL = 1
 
 
 @dataclass(frozen=True)
-class OptunaTrialRow:
-    """One Optuna trial: ``number`` (0, 1, ...; pipetune's ``trial_id``), its
-    ``params``, ``epochs`` trained, ``value`` (the objective after its last epoch, None
-    when it trained none) and ``state`` (``COMPLETE``, ``PRUNED`` or ``FAIL``)."""
-
-    number: int
-    params: dict[str, Any]
-    epochs: int
-    value: float | None
-    state: str
-    seed: int
-    duration_s: float | None = None
-    error: str | None = None
+class OptunaTrialRow(PeerTrialRow):
+    """One Optuna trial (:class:`~pipetune.bench.peers.PeerTrialRow`)."""
 
 
 @dataclass(frozen=True)
-class OptunaPlainResult:
-    """What an ``optuna-plain`` run did.
+class OptunaPlainResult(PeerResult):
+    """What an ``optuna-plain`` run did (:class:`~pipetune.bench.peers.PeerResult`):
+    ``tuning_wall_s`` is ``study.optimize`` alone; ``process_wall_s`` counts from the
+    caller's start time (default: when :func:`run_optuna_plain` was called)."""
 
-    ``tuning_wall_s``: wall time of ``study.optimize`` alone. ``process_wall_s``: from
-    the caller's start time (default: when :func:`run_optuna_plain` was called; in
-    ``main``, module import or ``--started``) to the end, so imports count in a fresh
-    process. ``best_value`` / ``best_params``: the best *completed* trial (None when
-    none completed). ``epochs_run``: epochs trained, summed over trials. ``cores``:
-    usable cores detected; ``n_jobs``: trials run at once.
-    """
+    row_type: ClassVar[type[PeerTrialRow]] = OptunaTrialRow
 
-    job: str
-    metric: str
-    mode: str
-    tuning_wall_s: float
-    process_wall_s: float
-    best_value: float | None
-    best_params: dict[str, Any] | None
-    best_trial: int | None
-    trials: int
-    completed: int
-    pruned: int
-    failed: int
-    epochs_run: int
-    max_epochs: int
-    cores: int
-    n_jobs: int
     threads_per_trial: int = THREADS_PER_TRIAL
-    sampler: str = ""
-    pruner: str = ""
     strategy: str = STRATEGY
-    rows: list[OptunaTrialRow] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able data; :meth:`from_dict` reads it back."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> OptunaPlainResult:
-        values = dict(data)
-        values["rows"] = [OptunaTrialRow(**row) for row in values.get("rows", [])]
-        return cls(**values)
 
 
 # -- the pieces ------------------------------------------------------------------------
@@ -297,7 +257,6 @@ def _result(spec: JobSpec, study: Any, tuning_wall_s: float, started: float, cor
     import optuna
 
     rows = [_row(t) for t in sorted(study.trials, key=lambda t: t.number)]
-    states = [r.state for r in rows]
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     best = study.best_trial if complete else None
     es = spec.early_stopping
@@ -307,45 +266,19 @@ def _result(spec: JobSpec, study: Any, tuning_wall_s: float, started: float, cor
         else f"SuccessiveHalving(min_resource={es.min_epochs}, "
         f"reduction_factor={es.reduction_factor})"
     )
-    return OptunaPlainResult(
-        job=spec.name,
-        metric=str(spec.objective.metric),
-        mode=spec.objective.mode,
-        tuning_wall_s=tuning_wall_s,
-        process_wall_s=time.time() - started,
-        best_value=float(best.value) if best is not None else None,
-        best_params=dict(best.params) if best is not None else None,
-        best_trial=best.number if best is not None else None,
-        trials=len(rows),
-        completed=states.count("COMPLETE"),
-        pruned=states.count("PRUNED"),
-        failed=states.count("FAIL"),
-        epochs_run=sum(r.epochs for r in rows),
-        max_epochs=es.max_epochs,
-        cores=cores,
-        n_jobs=n_jobs,
-        sampler=f"TPE(seed={spec.search.seed})",
-        pruner=pruner_text,
-        rows=rows,
-    )
+    return OptunaPlainResult.of_rows(
+        spec, rows, tuning_wall_s=tuning_wall_s, started=started, cores=cores,
+        n_jobs=n_jobs, sampler=f"TPE(seed={spec.search.seed})", pruner=pruner_text,
+        best=None if best is None else replace(
+            next(r for r in rows if r.number == best.number), value=float(best.value)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m pipetune.bench.optuna_plain JOB [--trials N] [--jobs N] [--json OUT]``:
     run the study and print its result as JSON. Exit 2 on a bad job or arguments."""
-    parser = argparse.ArgumentParser(
-        prog="python -m pipetune.bench.optuna_plain",
-        description=f"Strategy {STRATEGY}: a plain in-process Optuna study of a pipetune job.",
-    )
-    parser.add_argument("job", help="job file (YAML or JSON), read with pipetune.spec.load_spec")
-    parser.add_argument("--trials", type=int, default=None, help="default: search.trials")
-    parser.add_argument("--jobs", type=int, default=None, help="trials at once (default: cores)")
-    parser.add_argument("--json", dest="json_out", default=None, help="also write the JSON here")
-    parser.add_argument(
-        "--started", type=float, default=None,
-        help="time.time() stamp process_wall_s counts from (default: module import)",
-    )
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    args = child_arguments(
+        "pipetune.bench.optuna_plain", argv=argv,
+        description=f"Strategy {STRATEGY}: a plain in-process Optuna study of a pipetune job.")
     started = _MODULE_STARTED if args.started is None else args.started
 
     from pipetune.errors import PipetuneError
@@ -360,10 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (PipetuneError, ValueError) as e:
         print(f"{STRATEGY}: {e}", file=sys.stderr)
         return 2
-    text = json.dumps(result.to_dict(), indent=2, allow_nan=False)
-    if args.json_out:
-        Path(args.json_out).write_text(text + "\n", encoding="utf-8")
-    print(text)
+    print_result(result, args.json_out)
     return 0
 
 

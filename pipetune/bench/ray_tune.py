@@ -44,20 +44,27 @@ import time
 #: (or from ``--started``), so heavy imports below it are part of the process time.
 _MODULE_STARTED = time.time()
 
-import argparse  # noqa: E402
 import contextlib  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Mapping, Sequence  # noqa: E402
-from dataclasses import asdict, dataclass, field  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import TYPE_CHECKING, Any  # noqa: E402
+from typing import TYPE_CHECKING, Any, ClassVar  # noqa: E402
 
 from pipetune.bench.optuna_plain import check_space as _optuna_check_space  # noqa: E402
 from pipetune.bench.optuna_plain import suggest, trial_seed  # noqa: E402
-from pipetune.bench.peer_process import failure_line as _optuna_failure_line  # noqa: E402
+from pipetune.bench.peers import (  # noqa: E402
+    PeerResult,
+    PeerRunFailed,
+    PeerTrialRow,
+    child_arguments,
+    print_result,
+    run_child,
+)
+from pipetune.bench.peers import failure_line as _failure_line  # noqa: E402
+from pipetune.bench.ray_runtime import descendants, ray_temp_dir, shutdown  # noqa: E402
 
 if TYPE_CHECKING:
     from pipetune.spec import JobSpec
@@ -77,67 +84,24 @@ TRIAL_NUMBER = "_trial_number"
 
 
 @dataclass(frozen=True)
-class RayTrialRow:
-    """One Ray Tune trial, as :class:`pipetune.bench.optuna_plain.OptunaTrialRow`: ``number``
-    (Optuna's trial number), its ``params``, ``epochs`` trained, ``value`` (the
-    objective after its last reported epoch, None when it reported none), ``state``
-    (``COMPLETE``, ``PRUNED`` or ``FAIL``), ``seed``, ``duration_s``, ``error``; and
-    Ray's ``trial_id``."""
+class RayTrialRow(PeerTrialRow):
+    """One Ray Tune trial (:class:`~pipetune.bench.peers.PeerTrialRow`: ``number`` is
+    Optuna's trial number), and Ray's ``trial_id``."""
 
-    number: int
-    params: dict[str, Any]
-    epochs: int
-    value: float | None
-    state: str
-    seed: int
-    duration_s: float | None = None
-    error: str | None = None
     trial_id: str = ""
 
 
 @dataclass(frozen=True)
-class RayTuneResult:
-    """What a ``ray-tune`` run did; the fields of
-    :class:`pipetune.bench.optuna_plain.OptunaPlainResult`, plus ``ray_version``.
+class RayTuneResult(PeerResult):
+    """What a ``ray-tune`` run did (:class:`~pipetune.bench.peers.PeerResult`), and
+    ``ray_version``: ``tuning_wall_s`` is ``Tuner.fit`` alone; ``process_wall_s`` ends
+    after ``ray.shutdown``."""
 
-    ``tuning_wall_s``: wall time of ``Tuner.fit`` alone. ``process_wall_s``: from the
-    caller's start time (in ``main``, module import or ``--started``) to the end, after
-    ``ray.shutdown``. ``best_value`` / ``best_params``: the best *completed* trial (None
-    when none completed). ``cores``: usable cores detected; ``n_jobs``: trials at once.
-    """
+    row_type: ClassVar[type[PeerTrialRow]] = RayTrialRow
 
-    job: str
-    metric: str
-    mode: str
-    tuning_wall_s: float
-    process_wall_s: float
-    best_value: float | None
-    best_params: dict[str, Any] | None
-    best_trial: int | None
-    trials: int
-    completed: int
-    pruned: int
-    failed: int
-    epochs_run: int
-    max_epochs: int
-    cores: int
-    n_jobs: int
     threads_per_trial: int = THREADS_PER_TRIAL
-    sampler: str = ""
-    pruner: str = ""
     strategy: str = STRATEGY
     ray_version: str = ""
-    rows: list[RayTrialRow] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able data; :meth:`from_dict` reads it back."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RayTuneResult:
-        values = dict(data)
-        values["rows"] = [RayTrialRow(**row) for row in values.get("rows", [])]
-        return cls(**values)
 
 
 class RayTuneUnavailable(ImportError):
@@ -148,18 +112,10 @@ class RayTuneUnavailable(ImportError):
         super().__init__(line)
 
 
-class RayTuneRunFailed(RuntimeError):
-    """The ``ray-tune`` child process failed: ``exit_code``, ``reason`` (one line),
-    ``stderr_tail`` (its last 2000 characters)."""
+class RayTuneRunFailed(PeerRunFailed):
+    """The ``ray-tune`` child process failed (:class:`PeerRunFailed`)."""
 
-    def __init__(self, exit_code: int, stderr: str):
-        self.exit_code = exit_code
-        self.reason = failure_line(stderr)
-        self.stderr_tail = stderr.strip()[-2000:]
-        super().__init__(f"{STRATEGY} run failed (exit {exit_code}): {self.stderr_tail}")
-
-    def __reduce__(self):
-        return (type(self), (self.exit_code, self.stderr_tail))
+    strategy: ClassVar[str] = STRATEGY
 
 
 # -- is it there -----------------------------------------------------------------------
@@ -318,13 +274,6 @@ def _rows(grid: Any, configs: Mapping[str, Mapping[str, Any]], spec: JobSpec) ->
 # -- the run ---------------------------------------------------------------------------
 
 
-def _ray_temp_dir(root: Path) -> str | None:
-    """A folder for Ray's session files inside ``root``, or None (Ray's own default)
-    where the path is too long for the Unix sockets Ray opens under it."""
-    path = root / "ray"
-    return str(path) if len(str(path)) <= 48 else None
-
-
 def run_ray_tune(
     spec: JobSpec,
     *,
@@ -387,11 +336,11 @@ def _fit(spec: JobSpec, tune: Any, ray: Any, searcher: Any, recorder: Any, tmp: 
          trials: int, n_jobs: int, cores: int) -> tuple[list[RayTrialRow], float]:
     """Start Ray, fit, read the trials back, shut Ray down: the rows and
     ``Tuner.fit``'s seconds."""
-    before = {p.pid for p in _descendants()}
+    before = {p.pid for p in descendants()}
     ray.init(
         address="local", num_cpus=max(cores, n_jobs), include_dashboard=False,
         log_to_driver=False, configure_logging=False,
-        _node_ip_address="127.0.0.1", _temp_dir=_ray_temp_dir(tmp),
+        _node_ip_address="127.0.0.1", _temp_dir=ray_temp_dir(tmp),
     )
     try:
         trainable = tune.with_resources(
@@ -414,48 +363,11 @@ def _fit(spec: JobSpec, tune: Any, ray: Any, searcher: Any, recorder: Any, tmp: 
         tuning_wall_s = time.perf_counter() - t0
         return _rows(grid, recorder.configs, spec), tuning_wall_s
     finally:
-        _shutdown(ray, before)
-
-
-def _descendants() -> list[Any]:
-    import psutil
-
-    return psutil.Process().children(recursive=True)
-
-
-def _is_ray(proc: Any) -> bool:
-    import psutil
-
-    try:
-        text = " ".join([proc.name(), *proc.cmdline()])
-    except psutil.Error:
-        return False
-    return any(mark in text for mark in ("raylet", "gcs_server", "ray::", "/ray/"))
-
-
-def _shutdown(ray: Any, before: set[int], grace_s: float = 10.0) -> None:
-    """``ray.shutdown()``, then wait up to ``grace_s`` for the processes Ray started
-    (descendants not in ``before``: its raylet, GCS and trial workers, which otherwise
-    outlive the driver by a few seconds) to end, and kill those still there: the next
-    strategy gets the cores."""
-    import psutil
-
-    started = [p for p in _descendants() if p.pid not in before and _is_ray(p)]
-    ray.shutdown()
-    _, alive = psutil.wait_procs(started, timeout=grace_s)
-    for proc in alive:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    psutil.wait_procs(alive, timeout=5.0)
+        shutdown(ray, before)
 
 
 def _result(spec: JobSpec, rows: list[RayTrialRow], *, tuning_wall_s: float,
             started: float, cores: int, n_jobs: int, ray_version: str) -> RayTuneResult:
-    states = [r.state for r in rows]
-    done = [r for r in rows if r.state == "COMPLETE" and r.value is not None]
-    sign = 1.0 if spec.objective.mode == "max" else -1.0
-    # Ties go to the earlier trial, as Optuna's best_trial.
-    best = max(done, key=lambda r: (sign * r.value, -r.number)) if done else None
     es = spec.early_stopping
     scheduler_text = (
         "none"
@@ -463,34 +375,16 @@ def _result(spec: JobSpec, rows: list[RayTrialRow], *, tuning_wall_s: float,
         else f"ASHA(max_t={es.max_epochs}, grace_period={es.min_epochs}, "
         f"reduction_factor={es.reduction_factor})"
     )
-    return RayTuneResult(
-        job=spec.name,
-        metric=str(spec.objective.metric),
-        mode=spec.objective.mode,
-        tuning_wall_s=tuning_wall_s,
-        process_wall_s=time.time() - started,
-        best_value=best.value if best is not None else None,
-        best_params=dict(best.params) if best is not None else None,
-        best_trial=best.number if best is not None else None,
-        trials=len(rows),
-        completed=states.count("COMPLETE"),
-        pruned=states.count("PRUNED"),
-        failed=states.count("FAIL"),
-        epochs_run=sum(r.epochs for r in rows),
-        max_epochs=es.max_epochs,
-        cores=cores,
-        n_jobs=n_jobs,
-        sampler=f"OptunaSearch(TPE(seed={spec.search.seed}))",
-        pruner=scheduler_text,
-        ray_version=ray_version,
-        rows=rows,
-    )
+    return RayTuneResult.of_rows(
+        spec, rows, tuning_wall_s=tuning_wall_s, started=started, cores=cores,
+        n_jobs=n_jobs, sampler=f"OptunaSearch(TPE(seed={spec.search.seed}))",
+        pruner=scheduler_text, ray_version=ray_version)
 
 
 def failure_line(stderr: str, limit: int = 300) -> str:
     """The line of a failure's text that says what went wrong (as optuna-plain's, for
     this strategy's own ``ray-tune: ...`` lines)."""
-    return _optuna_failure_line(stderr, limit, STRATEGY)
+    return _failure_line(stderr, limit, STRATEGY)
 
 
 def run_subprocess(
@@ -507,32 +401,14 @@ def run_subprocess(
     :class:`RayTuneUnavailable` (its ``line`` the child's) when the child cannot import
     Ray Tune, :class:`RayTuneRunFailed` when it fails otherwise.
     """
-    import subprocess
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="pipetune-ray-tune-") as tmp:
-        out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "pipetune.bench.ray_tune", str(job_path),
-               "--json", str(out)]
-        if trials is not None:
-            cmd += ["--trials", str(trials)]
-        if n_jobs is not None:
-            cmd += ["--jobs", str(n_jobs)]
-        cmd += ["--started", repr(time.time())]
-        proc = subprocess.run(  # noqa: S603 - our own interpreter and module
-            cmd,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=dict(os.environ if env is None else env),
-            check=False,
-        )
-        if proc.returncode == EXIT_UNAVAILABLE:
-            lines = [x for x in proc.stderr.splitlines() if x.startswith(f"{STRATEGY}: ")]
-            raise RayTuneUnavailable(lines[-1] if lines else SKIP_LINE)
-        if proc.returncode != 0 or not out.exists():
-            raise RayTuneRunFailed(proc.returncode, proc.stderr)
-        return RayTuneResult.from_dict(json.loads(out.read_text(encoding="utf-8")))
+    proc, data = run_child("pipetune.bench.ray_tune", job_path, trials=trials,
+                           n_jobs=n_jobs, timeout=timeout, env=env)
+    if proc.returncode == EXIT_UNAVAILABLE:
+        lines = [x for x in proc.stderr.splitlines() if x.startswith(f"{STRATEGY}: ")]
+        raise RayTuneUnavailable(lines[-1] if lines else SKIP_LINE)
+    if proc.returncode != 0 or data is None:
+        raise RayTuneRunFailed(proc.returncode, proc.stderr)
+    return RayTuneResult.from_dict(data)
 
 
 def main(argv: Sequence[str] | None = None, *, imported_at: float | None = None) -> int:
@@ -540,19 +416,9 @@ def main(argv: Sequence[str] | None = None, *, imported_at: float | None = None)
     run the study and print its result as JSON. Exit 2 on a bad job or arguments, 3
     (one line on stderr) when Ray Tune cannot be imported. Without ``--started``,
     ``process_wall_s`` counts from ``imported_at`` (default: this module's import)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m pipetune.bench.ray_tune",
-        description=f"Strategy {STRATEGY}: Ray Tune (OptunaSearch + ASHA) on a pipetune job.",
-    )
-    parser.add_argument("job", help="job file (YAML or JSON), read with pipetune.spec.load_spec")
-    parser.add_argument("--trials", type=int, default=None, help="default: search.trials")
-    parser.add_argument("--jobs", type=int, default=None, help="trials at once (default: cores)")
-    parser.add_argument("--json", dest="json_out", default=None, help="also write the JSON here")
-    parser.add_argument(
-        "--started", type=float, default=None,
-        help="time.time() stamp process_wall_s counts from (default: module import)",
-    )
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    args = child_arguments(
+        "pipetune.bench.ray_tune", argv=argv,
+        description=f"Strategy {STRATEGY}: Ray Tune (OptunaSearch + ASHA) on a pipetune job.")
     started = args.started
     if started is None:
         started = _MODULE_STARTED if imported_at is None else imported_at
@@ -569,10 +435,7 @@ def main(argv: Sequence[str] | None = None, *, imported_at: float | None = None)
     except (PipetuneError, ValueError) as e:
         print(f"{STRATEGY}: {e}", file=sys.stderr)
         return 2
-    text = json.dumps(result.to_dict(), indent=2, allow_nan=False)
-    if args.json_out:
-        Path(args.json_out).write_text(text + "\n", encoding="utf-8")
-    print(text)
+    print_result(result, args.json_out)
     return 0
 
 
