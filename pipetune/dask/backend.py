@@ -24,14 +24,19 @@ from distributed import fire_and_forget
 
 from pipetune.backends.base import EpochBackend, EpochOutcome, describe
 from pipetune.checkpoints import attempt_ref
-from pipetune.dask.cores import worker_cores
+from pipetune.dask.on_scheduler import (
+    allowed_failures,
+    remove_worker,
+    silent_workers,
+    task_states,
+)
+from pipetune.dask.placement import Placement, placed_on
 from pipetune.dask.worker_side import (
     remote_epoch,
     remote_evaluate,
     remote_refuse,
     remote_release,
 )
-from pipetune.system.config import PROCESS_KNOBS, process_resource
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +92,6 @@ class DaskBackend(EpochBackend):
       trial and its worker is restarted; an epoch no worker can run fails at once.
     """
 
-    WORKERS_TTL_S = 2.0
     #: How often the driver looks again when an epoch waits for a free worker.
     POLL_S = 0.1
     #: How long the driver waits for a cluster with no worker at all.
@@ -103,22 +107,17 @@ class DaskBackend(EpochBackend):
         #: driver cancels them), so its ``allowed-failures`` does not count here.
         self.freeze_retries = EPOCH_RETRIES if retries is None else retries
         if retries is None:
-            dask_retries = client.run_on_scheduler(_allowed_failures)
+            dask_retries = client.run_on_scheduler(allowed_failures)
             retries = max(0, EPOCH_RETRIES - dask_retries)
         self.retries = retries
         self._lock = threading.RLock()
-        self._home: dict[tuple[str, int], str] = {}
+        #: Where each epoch goes: the workers, each trial's home, pinned CPUs.
+        self.placement = Placement(client)
         self._queue: deque[EpochTask] = deque()
         self._sent: dict[str, _Sent] = {}
         self._done: queue.SimpleQueue[Future] = queue.SimpleQueue()
         self._ready: deque[EpochOutcome] = deque()
         self._deaths: Counter[tuple[str, int, int]] = Counter()
-        self._workers_cache: dict[str, dict[str, float]] = {}
-        self._threads: dict[str, int] = {}
-        self._cores: dict[str, float] = {}
-        self._memory_limit = 0
-        self._cpus_in_use: dict[str, set[int]] = {}
-        self._workers_at = -math.inf
         self._no_worker_since: float | None = None
         #: (trial, epoch) -> the worker it was sent to and why, for tests and reports.
         self.placements: dict[tuple[int, int], tuple[str | None, str]] = {}
@@ -126,99 +125,15 @@ class DaskBackend(EpochBackend):
         self.resent: list[tuple[int, int]] = []
         #: Workers retired as frozen -> the wall-clock time (``time.time()``) it was done.
         self.retired: dict[str, float] = {}
-        #: Retired workers still listed by the scheduler, left out of placement.
-        self._retiring: set[str] = set()
         self._frozen_checked = -math.inf
 
     # -- placement -------------------------------------------------------------------
-    def _workers(self, fresh: bool = False) -> dict[str, dict[str, float]]:
-        """The cluster's workers and the resources each advertises, asked of the
-        scheduler at most every :attr:`WORKERS_TTL_S` (each ask is a round trip)."""
-        now = time.monotonic()
-        if fresh or now - self._workers_at > self.WORKERS_TTL_S:
-            info = self.client.scheduler_info(n_workers=-1).get("workers", {})
-            # A retired worker stays listed until its restart or removal is through (a
-            # worker coming back later at the same address is a new one).
-            self._retiring &= set(info)
-            info = {a: w for a, w in info.items() if a not in self._retiring}
-            self._workers_cache = {addr: dict(w.get("resources") or {})
-                                   for addr, w in sorted(info.items())}
-            self._threads = {addr: int(w.get("nthreads") or 1) for addr, w in info.items()}
-            self._cores = {addr: worker_cores(w, claimable=True) for addr, w in info.items()}
-            # Kept from the last list that had workers: the reason a dead worker gives.
-            self._memory_limit = max((w.get("memory_limit") or 0 for w in info.values()),
-                                     default=0) or self._memory_limit
-            self._workers_at = now
-        return self._workers_cache
-
-    def _resources(self, task: EpochTask, workers: dict[str, dict[str, float]]) -> dict:
-        """``cores``, plus the resource of each process knob the epoch sets, when the
-        cluster has workers advertising it (else the worker checks, and refuses, itself)."""
-        resources: dict[str, float] = {"cores": task.system.cores}
-        advertised = {name for res in workers.values() for name in res}
-        for knob in PROCESS_KNOBS:
-            value = getattr(task.system, knob)
-            name = process_resource(knob, value)
-            if value != "inherit" and any(n.startswith(f"{knob}:") for n in advertised):
-                resources[name] = 1
-        return resources
-
-    def _never(self, task: EpochTask, workers: dict[str, dict[str, float]],
-               resources: dict[str, float]) -> tuple[str, str] | None:
-        """(field, why) when no worker of the cluster could ever run ``task``."""
-        needs = [k for k in resources if k != "cores"]
-        if needs and not any(all(r.get(k, 0) for k in needs) for r in workers.values()):
-            field = "system." + ",".join(sorted(k.split(":")[0] for k in needs))
-            return field, (f"no worker of the cluster advertises {', '.join(needs)}: "
-                           "start one with that environment")
-        most = max((self._cores.get(w, 0) for w in workers), default=0)
-        if task.system.cores > most:
-            return "system.cores", (f"{task.system.cores} cores asked, but the cluster's "
-                                    f"largest worker advertises {most:g} (resource 'cores')")
-        return None
-
-    def _choose(self, task: EpochTask, workers: dict[str, dict[str, float]],
-                resources: dict[str, float]) -> tuple[str | None, str]:
-        used_cores: Counter[str] = Counter()
-        used_threads: Counter[str] = Counter()
-        for sent in self._sent.values():
-            if sent.worker:
-                used_cores[sent.worker] += sent.task.system.cores
-                used_threads[sent.worker] += 1
-        free = [w for w, res in workers.items()
-                if all(res.get(k, 0) >= v for k, v in resources.items() if k != "cores")
-                and self._cores.get(w, 0) - used_cores[w] >= task.system.cores
-                and self._threads.get(w, 1) > used_threads[w]]
-        home = self._home.get((task.study_id, task.trial_id))
-        if home in free:
-            return home, "holds the model"
-        if free:
-            # Prefer a worker no live trial calls home, so models are not pushed out.
-            homes = set(self._home.values())
-            free.sort(key=lambda w: (w in homes, w))
-            return free[0], "home busy" if home in workers else "new trial"
-        return None, "no free worker"
-
-    def _pin(self, task: EpochTask, worker: str | None,
-             workers: dict[str, dict[str, float]]) -> tuple[int, ...]:
-        """Cores for a pinned epoch on ``worker``'s host, none of them used by another
-        pinned epoch running there."""
-        if not task.system.pin_cores or worker is None:
-            return ()
-        host = _host(worker)
-        total = int(max((self._cores.get(w, 0) for w in workers if _host(w) == host),
-                        default=1))
-        used = self._cpus_in_use.setdefault(host, set())
-        chosen = tuple(c for c in range(total) if c not in used)[: task.system.cores]
-        used.update(chosen)
-        return chosen
-
     def _dispatch(self) -> None:
         """Send every queued epoch that has a free worker now; refuse the impossible."""
         with self._lock:
             if not self._queue:
                 return
-            workers = self._workers(fresh=time.monotonic() - self._workers_at > self.POLL_S)
+            workers = self.placement.workers(fresh=self.placement.older_than(self.POLL_S))
             if not workers:
                 self._no_worker_since = self._no_worker_since or time.monotonic()
                 if time.monotonic() - self._no_worker_since > self.NO_WORKER_S:
@@ -229,21 +144,22 @@ class DaskBackend(EpochBackend):
                 return
             self._no_worker_since = None
             for task in list(self._queue):
-                resources = self._resources(task, workers)
-                never = self._never(task, workers, resources)
+                resources = self.placement.resources(task, workers)
+                never = self.placement.never(task, workers, resources)
                 if never is not None:
                     self._queue.remove(task)
                     self._send(task, None, "refused", remote_refuse, *never)
                     continue
-                worker, why = self._choose(task, workers, resources)
+                worker, why = self.placement.choose(
+                    task, workers, resources, ((s.worker, s.task) for s in self._sent.values()))
                 if worker is None:
                     continue
                 self._queue.remove(task)
-                cpus = self._pin(task, worker, workers)
+                cpus = self.placement.pin(task, worker, workers)
                 if cpus:
                     task = dataclasses.replace(task, cpus=cpus)
                 self._send(task, worker, why, remote_epoch, task, resources=resources,
-                           **_placed_on(worker))
+                           **placed_on(worker))
 
     def _send(self, task: EpochTask, worker: str | None, why: str, fn: Any, *args: Any,
               **options: Any) -> None:
@@ -264,8 +180,7 @@ class DaskBackend(EpochBackend):
             if sent is None:  # timed out, or cancelled: already answered
                 return None
             task = sent.task
-            if sent.worker:
-                self._cpus_in_use.get(_host(sent.worker), set()).difference_update(task.cpus)
+            self.placement.unpin(sent.worker, task.cpus)
         try:
             result = future.result()
         except BaseException as exc:  # noqa: BLE001 - KilledWorker, CancelledError, ...
@@ -273,10 +188,10 @@ class DaskBackend(EpochBackend):
                 raise
             with self._lock:
                 if isinstance(exc, KilledWorker):
-                    self._workers_at = -math.inf  # the dead worker must not be chosen
+                    self.placement.stale()  # the dead worker must not be chosen
                     ident = _ident(task)
                     self._deaths[ident] += 1
-                    self._home.pop((task.study_id, task.trial_id), None)
+                    self.placement.home.pop((task.study_id, task.trial_id), None)
                     if self._deaths[ident] <= self.retries:
                         self._again(task)
                         return None
@@ -289,11 +204,11 @@ class DaskBackend(EpochBackend):
 
         if isinstance(result, EpochFailure):  # the workload raised; its worker is fine
             with self._lock:
-                self._home.pop((task.study_id, task.trial_id), None)
+                self.placement.home.pop((task.study_id, task.trial_id), None)
             return EpochOutcome.failed(task, result)
         with self._lock:
             if result.address:
-                self._home[(task.study_id, task.trial_id)] = result.address
+                self.placement.home[(task.study_id, task.trial_id)] = result.address
         return EpochOutcome(task, result=result)
 
     def _again(self, task: EpochTask) -> None:
@@ -313,10 +228,10 @@ class DaskBackend(EpochBackend):
         self._frozen_checked = now
         with self._lock:  # a finished epoch waiting to be settled is not lost
             busy = {s.worker for s in self._sent.values()
-                    if s.worker and not s.future.done()} - self._retiring
+                    if s.worker and not s.future.done()} - self.placement.retiring
         if not busy:
             return
-        silent = self.client.run_on_scheduler(_silent_workers, workers=sorted(busy),
+        silent = self.client.run_on_scheduler(silent_workers, workers=sorted(busy),
                                               frozen_s=self.FROZEN_S)
         for worker, seconds in sorted(silent.items()):
             self._retire(worker, seconds)
@@ -326,13 +241,12 @@ class DaskBackend(EpochBackend):
         their retries), and restart it through its nanny in the background."""
         with self._lock:
             self.retired[worker] = time.time()
-            self._retiring.add(worker)
-            self._workers_at = -math.inf
+            self.placement.retire(worker)
             lost = [s for s in self._sent.values()
                     if s.worker == worker and not s.future.done()]
             for sent in lost:
                 del self._sent[sent.future.key]
-                self._cpus_in_use.get(_host(worker), set()).difference_update(sent.task.cpus)
+                self.placement.unpin(worker, sent.task.cpus)
                 ident = _ident(sent.task)
                 self._deaths[ident] += 1
                 if self._deaths[ident] <= self.freeze_retries:
@@ -342,8 +256,6 @@ class DaskBackend(EpochBackend):
                         f"worker froze: the worker running this epoch sent no heartbeat "
                         f"for {silent_s:.0f} s, after {self._deaths[ident] - 1} other "
                         "worker(s) that ran it were lost")))
-            for key in [k for k, home in self._home.items() if home == worker]:
-                del self._home[key]
         logger.warning("worker %s sent no heartbeat for %.0f s while running %s: retiring "
                        "it and sending its epochs again", worker, silent_s,
                        ", ".join(s.task.name for s in lost) or "nothing")
@@ -364,7 +276,7 @@ class DaskBackend(EpochBackend):
                 fresh = done.get(worker) == "OK"
             else:
                 if worker in info:
-                    self.client.run_on_scheduler(_remove_worker, address=worker)
+                    self.client.run_on_scheduler(remove_worker, address=worker)
                 fresh = True
         except Exception as exc:  # noqa: BLE001 - the cluster closing meanwhile
             logger.warning("could not retire frozen worker %s: %s", worker, describe(exc))
@@ -374,8 +286,7 @@ class DaskBackend(EpochBackend):
             # (a nanny restarts it on the same address when its port is fixed), and a
             # woken one that was removed closes itself.
             with self._lock:
-                self._retiring.discard(worker)
-                self._workers_at = -math.inf
+                self.placement.back(worker)
 
     def _reroute(self) -> None:
         """Queue again every epoch the scheduler cannot place (``no-worker``: sent to a
@@ -387,7 +298,7 @@ class DaskBackend(EpochBackend):
                        and time.monotonic() - s.sent > self.POLL_S * 10}
         if not waiting:
             return
-        states = self.client.run_on_scheduler(_task_states, keys=list(waiting))
+        states = self.client.run_on_scheduler(task_states, keys=list(waiting))
         with self._lock:
             lost = [s for k, s in waiting.items()
                     if states.get(k) == "no-worker" and k in self._sent]
@@ -395,7 +306,7 @@ class DaskBackend(EpochBackend):
                 del self._sent[sent.future.key]
                 self._queue.appendleft(dataclasses.replace(sent.task, cpus=()))
             if lost:
-                self._workers_at = -math.inf
+                self.placement.stale()
         for sent in lost:
             logger.warning("%s could not be placed on %s (gone?); sending it again",
                            sent.task.name, sent.worker)
@@ -409,9 +320,10 @@ class DaskBackend(EpochBackend):
 
         if not isinstance(exc, KilledWorker):
             return describe(exc)
-        self._workers(fresh=True)
-        limit = (f"; each worker's memory limit is {self._memory_limit / 2**30:.1f} GiB, a "
-                 "worker past 95% of it is restarted" if self._memory_limit else "")
+        self.placement.workers(fresh=True)
+        memory = self.placement.memory_limit
+        limit = (f"; each worker's memory limit is {memory / 2**30:.1f} GiB, a worker past "
+                 "95% of it is restarted" if memory else "")
         runs = f"all {deaths} workers that ran this epoch" if deaths > 1 else "its worker"
         return f"worker died: {runs} died while running it{limit}"
 
@@ -423,7 +335,7 @@ class DaskBackend(EpochBackend):
                     if s.task.timeout_s is not None and now - s.sent > s.task.timeout_s]
             for sent in late:
                 del self._sent[sent.future.key]
-                self._home.pop((sent.task.study_id, sent.task.trial_id), None)
+                self.placement.home.pop((sent.task.study_id, sent.task.trial_id), None)
                 self._ready.append(EpochOutcome(sent.task, error=(
                     f"timeout: the epoch ran longer than its {sent.task.timeout_s:g} s "
                     "(workload.epoch_timeout_s); its worker was restarted to free its cores")))
@@ -488,11 +400,11 @@ class DaskBackend(EpochBackend):
     def release(self, study_id: str, trial_id: int | None = None) -> None:
         with self._lock:
             if trial_id is not None:
-                home = self._home.pop((study_id, trial_id), None)
+                home = self.placement.home.pop((study_id, trial_id), None)
             else:
                 home = None
-                for key in [k for k in self._home if k[0] == study_id]:
-                    del self._home[key]
+                for key in [k for k in self.placement.home if k[0] == study_id]:
+                    del self.placement.home[key]
         if trial_id is not None:
             if home:
                 fire_and_forget(self.client.submit(
@@ -503,7 +415,7 @@ class DaskBackend(EpochBackend):
             # worker that leaves meanwhile: its models and pending writes go with it.
             # A worker that froze while idle (never retired: only busy workers are
             # watched) would never answer: the broadcast is given FROZEN_S, then left.
-            live = list(self._workers(fresh=True))
+            live = list(self.placement.workers(fresh=True))
             if live:
                 asked = threading.Thread(
                     target=self.client.run, args=(remote_release, study_id, None),
@@ -525,59 +437,17 @@ class DaskBackend(EpochBackend):
             self.client.cancel(futures, force=True)
 
     def evaluate(self, task: EpochTask, checkpoint: str) -> dict[str, float]:
-        home = self._home.get((task.study_id, task.trial_id))
-        if home not in self._workers(fresh=True):
+        home = self.placement.home.get((task.study_id, task.trial_id))
+        if home not in self.placement.workers(fresh=True):
             home = None  # a task held for a gone worker would wait for ever
         return self.client.submit(
             remote_evaluate, task, checkpoint, pure=False,
-            resources={"cores": task.system.cores}, **_placed_on(home),
+            resources={"cores": task.system.cores}, **placed_on(home),
         ).result()
 
 
 def _ident(task: EpochTask) -> tuple[str, int, int]:
     return task.study_id, task.trial_id, task.epoch
-
-
-def _task_states(dask_scheduler: Any, keys: list[str]) -> dict[str, str]:
-    """The scheduler's state of each of ``keys`` still known (run on the scheduler)."""
-    return {k: dask_scheduler.tasks[k].state for k in keys if k in dask_scheduler.tasks}
-
-
-def _silent_workers(dask_scheduler: Any, workers: list[str],
-                    frozen_s: float) -> dict[str, float]:
-    """Of ``workers``, those whose last heartbeat is older than ``frozen_s``, or than 10
-    of the heartbeat intervals the scheduler gives its workers, whichever is longer;
-    each with its seconds of silence (run on the scheduler, on its clock)."""
-    from distributed.scheduler import heartbeat_interval
-
-    now = time.time()
-    bound = max(frozen_s, 10 * heartbeat_interval(len(dask_scheduler.workers)))
-    out = {}
-    for address in workers:
-        ws = dask_scheduler.workers.get(address)
-        if ws is not None and now - ws.last_seen > bound:
-            out[address] = now - ws.last_seen
-    return out
-
-
-async def _remove_worker(dask_scheduler: Any, address: str) -> None:
-    """Drop ``address`` from the cluster (run on the scheduler); its tasks are lost."""
-    await dask_scheduler.remove_worker(address=address, close=True,
-                                       stimulus_id=f"pipetune-frozen-{time.time()}")
-
-
-def _allowed_failures(dask_scheduler: Any) -> int:
-    """How many worker deaths the scheduler forgives a task (run on the scheduler)."""
-    return int(dask_scheduler.allowed_failures)
-
-
-def _host(address: str) -> str:
-    return address.split("://", 1)[-1].rsplit(":", 1)[0]
-
-
-def _placed_on(worker: str | None) -> dict[str, Any]:
-    """Submit options that prefer ``worker`` but let Dask move the task if it is lost."""
-    return {"workers": [worker], "allow_other_workers": True} if worker else {}
 
 
 class EpochFailed(RuntimeError):
