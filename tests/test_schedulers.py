@@ -163,3 +163,10 @@ def test_make_scheduler_from_a_mapping_or_a_spec_section():
     with pytest.raises(SpecError) as info:
         make_scheduler({"policy": "median", "max_epochs": 5}, "max")
     assert info.value.field == "early_stopping.policy"
+
+
+def test_recorded_is_the_deprecated_name_of_values_at():
+    asha = ASHAScheduler(min_epochs=1, max_epochs=4, reduction_factor=2, mode="max")
+    asha.on_epoch_result(0, 1, 0.5)
+    with pytest.warns(DeprecationWarning, match="values_at"):
+        assert asha.recorded(1) == asha.values_at(1) == {0: 0.5}

@@ -113,8 +113,10 @@ class PeerResult:
     rows: list[PeerTrialRow] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able data; :meth:`from_dict` reads it back."""
-        return asdict(self)
+        """Plain JSON-able data, ``rows`` last; :meth:`from_dict` reads it back."""
+        data = asdict(self)
+        data["rows"] = data.pop("rows")
+        return data
 
     @classmethod
     def of_rows(cls, spec: JobSpec, rows: list[PeerTrialRow], *, tuning_wall_s: float,

@@ -112,7 +112,7 @@ class DaskBackend(EpochBackend):
         self.retries = retries
         self._lock = threading.RLock()
         #: Where each epoch goes: the workers, each trial's home, pinned CPUs.
-        self.placement = Placement(client)
+        self.placer = Placement(client)
         self._queue: deque[EpochTask] = deque()
         self._sent: dict[str, _Sent] = {}
         self._done: queue.SimpleQueue[Future] = queue.SimpleQueue()
@@ -133,7 +133,7 @@ class DaskBackend(EpochBackend):
         with self._lock:
             if not self._queue:
                 return
-            workers = self.placement.workers(fresh=self.placement.older_than(self.POLL_S))
+            workers = self.placer.workers(fresh=self.placer.older_than(self.POLL_S))
             if not workers:
                 self._no_worker_since = self._no_worker_since or time.monotonic()
                 if time.monotonic() - self._no_worker_since > self.NO_WORKER_S:
@@ -144,18 +144,18 @@ class DaskBackend(EpochBackend):
                 return
             self._no_worker_since = None
             for task in list(self._queue):
-                resources = self.placement.resources(task, workers)
-                never = self.placement.never(task, workers, resources)
+                resources = self.placer.resources(task, workers)
+                never = self.placer.never(task, workers, resources)
                 if never is not None:
                     self._queue.remove(task)
                     self._send(task, None, "refused", remote_refuse, *never)
                     continue
-                worker, why = self.placement.choose(
+                worker, why = self.placer.choose(
                     task, workers, resources, ((s.worker, s.task) for s in self._sent.values()))
                 if worker is None:
                     continue
                 self._queue.remove(task)
-                cpus = self.placement.pin(task, worker, workers)
+                cpus = self.placer.pin(task, worker, workers)
                 if cpus:
                     task = dataclasses.replace(task, cpus=cpus)
                 self._send(task, worker, why, remote_epoch, task, resources=resources,
@@ -180,7 +180,7 @@ class DaskBackend(EpochBackend):
             if sent is None:  # timed out, or cancelled: already answered
                 return None
             task = sent.task
-            self.placement.unpin(sent.worker, task.cpus)
+            self.placer.unpin(sent.worker, task.cpus)
         try:
             result = future.result()
         except BaseException as exc:  # noqa: BLE001 - KilledWorker, CancelledError, ...
@@ -188,10 +188,10 @@ class DaskBackend(EpochBackend):
                 raise
             with self._lock:
                 if isinstance(exc, KilledWorker):
-                    self.placement.stale()  # the dead worker must not be chosen
+                    self.placer.stale()  # the dead worker must not be chosen
                     ident = _ident(task)
                     self._deaths[ident] += 1
-                    self.placement.home.pop((task.study_id, task.trial_id), None)
+                    self.placer.home.pop((task.study_id, task.trial_id), None)
                     if self._deaths[ident] <= self.retries:
                         self._again(task)
                         return None
@@ -204,11 +204,11 @@ class DaskBackend(EpochBackend):
 
         if isinstance(result, EpochFailure):  # the workload raised; its worker is fine
             with self._lock:
-                self.placement.home.pop((task.study_id, task.trial_id), None)
+                self.placer.home.pop((task.study_id, task.trial_id), None)
             return EpochOutcome.failed(task, result)
         with self._lock:
             if result.address:
-                self.placement.home[(task.study_id, task.trial_id)] = result.address
+                self.placer.home[(task.study_id, task.trial_id)] = result.address
         return EpochOutcome(task, result=result)
 
     def _again(self, task: EpochTask) -> None:
@@ -228,7 +228,7 @@ class DaskBackend(EpochBackend):
         self._frozen_checked = now
         with self._lock:  # a finished epoch waiting to be settled is not lost
             busy = {s.worker for s in self._sent.values()
-                    if s.worker and not s.future.done()} - self.placement.retiring
+                    if s.worker and not s.future.done()} - self.placer.retiring
         if not busy:
             return
         silent = self.client.run_on_scheduler(silent_workers, workers=sorted(busy),
@@ -241,12 +241,12 @@ class DaskBackend(EpochBackend):
         their retries), and restart it through its nanny in the background."""
         with self._lock:
             self.retired[worker] = time.time()
-            self.placement.retire(worker)
+            self.placer.retire(worker)
             lost = [s for s in self._sent.values()
                     if s.worker == worker and not s.future.done()]
             for sent in lost:
                 del self._sent[sent.future.key]
-                self.placement.unpin(worker, sent.task.cpus)
+                self.placer.unpin(worker, sent.task.cpus)
                 ident = _ident(sent.task)
                 self._deaths[ident] += 1
                 if self._deaths[ident] <= self.freeze_retries:
@@ -286,7 +286,7 @@ class DaskBackend(EpochBackend):
             # (a nanny restarts it on the same address when its port is fixed), and a
             # woken one that was removed closes itself.
             with self._lock:
-                self.placement.back(worker)
+                self.placer.back(worker)
 
     def _reroute(self) -> None:
         """Queue again every epoch the scheduler cannot place (``no-worker``: sent to a
@@ -304,9 +304,10 @@ class DaskBackend(EpochBackend):
                     if states.get(k) == "no-worker" and k in self._sent]
             for sent in lost:
                 del self._sent[sent.future.key]
+                self.placer.unpin(sent.worker, sent.task.cpus)
                 self._queue.appendleft(dataclasses.replace(sent.task, cpus=()))
             if lost:
-                self.placement.stale()
+                self.placer.stale()
         for sent in lost:
             logger.warning("%s could not be placed on %s (gone?); sending it again",
                            sent.task.name, sent.worker)
@@ -320,8 +321,8 @@ class DaskBackend(EpochBackend):
 
         if not isinstance(exc, KilledWorker):
             return describe(exc)
-        self.placement.workers(fresh=True)
-        memory = self.placement.memory_limit
+        self.placer.workers(fresh=True)
+        memory = self.placer.memory_limit
         limit = (f"; each worker's memory limit is {memory / 2**30:.1f} GiB, a worker past "
                  "95% of it is restarted" if memory else "")
         runs = f"all {deaths} workers that ran this epoch" if deaths > 1 else "its worker"
@@ -335,7 +336,8 @@ class DaskBackend(EpochBackend):
                     if s.task.timeout_s is not None and now - s.sent > s.task.timeout_s]
             for sent in late:
                 del self._sent[sent.future.key]
-                self.placement.home.pop((sent.task.study_id, sent.task.trial_id), None)
+                self.placer.unpin(sent.worker, sent.task.cpus)
+                self.placer.home.pop((sent.task.study_id, sent.task.trial_id), None)
                 self._ready.append(EpochOutcome(sent.task, error=(
                     f"timeout: the epoch ran longer than its {sent.task.timeout_s:g} s "
                     "(workload.epoch_timeout_s); its worker was restarted to free its cores")))
@@ -400,11 +402,11 @@ class DaskBackend(EpochBackend):
     def release(self, study_id: str, trial_id: int | None = None) -> None:
         with self._lock:
             if trial_id is not None:
-                home = self.placement.home.pop((study_id, trial_id), None)
+                home = self.placer.home.pop((study_id, trial_id), None)
             else:
                 home = None
-                for key in [k for k in self.placement.home if k[0] == study_id]:
-                    del self.placement.home[key]
+                for key in [k for k in self.placer.home if k[0] == study_id]:
+                    del self.placer.home[key]
         if trial_id is not None:
             if home:
                 fire_and_forget(self.client.submit(
@@ -415,7 +417,7 @@ class DaskBackend(EpochBackend):
             # worker that leaves meanwhile: its models and pending writes go with it.
             # A worker that froze while idle (never retired: only busy workers are
             # watched) would never answer: the broadcast is given FROZEN_S, then left.
-            live = list(self.placement.workers(fresh=True))
+            live = list(self.placer.workers(fresh=True))
             if live:
                 asked = threading.Thread(
                     target=self.client.run, args=(remote_release, study_id, None),
@@ -437,8 +439,8 @@ class DaskBackend(EpochBackend):
             self.client.cancel(futures, force=True)
 
     def evaluate(self, task: EpochTask, checkpoint: str) -> dict[str, float]:
-        home = self.placement.home.get((task.study_id, task.trial_id))
-        if home not in self.placement.workers(fresh=True):
+        home = self.placer.home.get((task.study_id, task.trial_id))
+        if home not in self.placer.workers(fresh=True):
             home = None  # a task held for a gone worker would wait for ever
         return self.client.submit(
             remote_evaluate, task, checkpoint, pure=False,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 from pipetune.schedulers._base import Decision, Scheduler, _check_int
 
@@ -131,6 +132,12 @@ class ASHAScheduler(Scheduler):
         sign = 1.0 if self.mode == "max" else -1.0
         return {t: sign * v for t, v in self._values[rung].items()}
 
+
+    def recorded(self, rung: int) -> dict[int, float]:
+        """Deprecated name of :meth:`values_at`; it goes in the next release."""
+        warnings.warn("ASHAScheduler.recorded is now ASHAScheduler.values_at; the old name "
+                      "goes in the next release", DeprecationWarning, stacklevel=2)
+        return self.values_at(rung)
     def _decide(self, trial_id: int, epoch: int, value: float) -> Decision:
         values = self._values.get(epoch)
         if values is None:

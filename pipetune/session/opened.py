@@ -40,7 +40,8 @@ class OpenedStudy:
     dropped: tuple[SpaceDrop, ...]
     log: logging.Logger | logging.LoggerAdapter
     #: What refused the study's MLflow run when it was opened beside the training
-    #: (:attr:`StudyOptions.start_first`): the study stops with it.
+    #: (:attr:`~pipetune.session.opening.StudyOptions.start_first`): the study stops
+    #: with it.
     refused: list[BaseException] = field(default_factory=list)
     #: The job's own trackers (``tracking.trackers``), beside MLflow's :attr:`tracker`.
     trackers: list[Tracker] = field(default_factory=list)
@@ -81,7 +82,7 @@ class OpenedStudy:
         MLflow record ``FAILED`` or ``KILLED`` with its reason and leaves the journal
         resumable; it is raised again (a :class:`PipetuneError` carrying the study's id
         as ``study_id``). ``backend.close`` is called either way. ``observers`` (and
-        those of an enclosing :func:`observing`) hear the engine's events
+        those of an enclosing :func:`~pipetune.watching.observing`) hear the engine's events
         (:mod:`pipetune.engine.events`) after the study's own records have, and, last, a
         :class:`~pipetune.engine.events.StudyFinished` with the summary returned here."""
         from pipetune.engine.events import StudyFinished

@@ -42,6 +42,7 @@ MAX_PARAMS_PER_BATCH = 100
 MAX_TAGS_PER_BATCH = 100
 MAX_ENTITIES_PER_BATCH = 1000
 
+
 def batches(
     metrics: Sequence[Metric], params: Sequence[Param], tags: Sequence[RunTag]
 ) -> Iterator[tuple[list[Metric], list[Param], list[RunTag]]]:
@@ -75,8 +76,9 @@ class StudyRuns:
     @property
     def client(self) -> Any:
         """The MLflow client, built on first use: building one creates (or migrates) a
-        SQLite store, which must wait for :func:`ensure_experiment`'s lock when several
-        commands start on one fresh store."""
+        SQLite store, which must wait for the lock of
+        :func:`~pipetune.tracking.store.ensure_experiment` when several commands start on
+        one fresh store."""
         if self._client is None:
             self._client = mlflow_client(self.tracking_uri)
         return self._client
@@ -114,7 +116,7 @@ class StudyRuns:
         return out
 
     def create_child(self, trial_id: int, start_time: int | None, *,
-                         unsure: bool) -> None:
+                     unsure: bool) -> None:
         if unsure and trial_id not in self.children:  # created before its call failed?
             self.children.update(self.children_from_store())
         if trial_id in self.children:
@@ -133,8 +135,8 @@ class StudyRuns:
         self.children[trial_id] = run.info.run_id
 
     def log_batch(self, run: Hashable, metrics: Sequence[Sequence[Any]],
-                      params: Sequence[Sequence[str]], tags: Sequence[Sequence[str]], *,
-                      unsure: bool) -> None:
+                  params: Sequence[Sequence[str]], tags: Sequence[Sequence[str]], *,
+                  unsure: bool) -> None:
         from mlflow.entities import Param, RunTag
 
         run_id = self.run_id(run)
@@ -149,7 +151,7 @@ class StudyRuns:
         self.client.log_text(self.run_id(run), content, name)
 
     def terminate(self, run: Hashable, status: str, end_time: int | None, *,
-                      unsure: bool) -> None:
+                  unsure: bool) -> None:
         self.client.set_terminated(self.run_id(run), status=status, end_time=end_time)
 
     def reopen(self, run_ids: Sequence[str], *, unsure: bool) -> None:
@@ -159,10 +161,10 @@ class StudyRuns:
                 self.client.delete_tag(run_id, "error")
 
     def finish_study(self, metrics: Sequence[Sequence[Any]],
-                         params: Sequence[Sequence[str]], tags: Sequence[Sequence[str]],
-                         texts: Sequence[Sequence[str]], files: Sequence[Sequence[Any]],
-                         best_model: Sequence[Any] | None, best_trial: int | None,
-                         end: bool, end_time: int | None, *, unsure: bool) -> None:
+                     params: Sequence[Sequence[str]], tags: Sequence[Sequence[str]],
+                     texts: Sequence[Sequence[str]], files: Sequence[Sequence[Any]],
+                     best_model: Sequence[Any] | None, best_trial: int | None,
+                     end: bool, end_time: int | None, *, unsure: bool) -> None:
         import json
         import tempfile
         from pathlib import Path
@@ -204,7 +206,7 @@ class StudyRuns:
             self.client.set_terminated(run_id, status="FINISHED", end_time=end_time)
 
     def fail_study(self, status: str, reason: str | None, end_time: int | None, *,
-                       unsure: bool) -> None:
+                   unsure: bool) -> None:
         error: Exception | None = None
         if reason:
             try:

@@ -263,6 +263,10 @@ class MlflowSink:
     def _uri(self) -> str:
         return self.runs.uri()
 
+    def children_from_store(self) -> dict[int, str]:
+        """Trial id -> run id of the study's trial runs, as the store has them."""
+        return self.runs.children_from_store()
+
     def log(self, run: Hashable, metrics: Sequence[tuple[str, float, int, int]] = (),
             params: Sequence[tuple[str, str]] = (), tags: Sequence[tuple[str, str]] = ()) -> None:
         buf = self._pending.setdefault(run, _Buffer())

@@ -6,7 +6,7 @@ SQLite store can stay locked past :data:`~pipetune.tracking.store.LOCKED_BACKOFF
 cannot make, and every write after it, to ``$PIPETUNE_HOME/studies/<study_id>/``
 :data:`SPOOL_FILE`, and sends them in order once the store answers. A study that ends
 while the store is down says so and how to send the spool later
-(:data:`FLUSH_COMMAND`, :func:`~pipetune.tracking.sink.send_spool`).
+(:data:`FLUSH_COMMAND`, :func:`~pipetune.tracking.flush.send_spool`).
 
 The file, one JSON object a line (data read back as data, never code):
 

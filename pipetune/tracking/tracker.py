@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from pipetune.states import TrialState
 from pipetune.tracking.api import Tracker
-from pipetune.tracking.names import (  # profile_rows: re-exported
+from pipetune.tracking.names import (  # PHASE_CODES, phase_runs, profile_rows: re-exported
+    PHASE_CODES,
     _ms_ceil,
     _ms_floor,
     epoch_writes,
+    phase_runs,
     profile_rows,
     study_files,
     study_metric_name,
@@ -39,6 +41,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["FIND_STUDY_RUN", "PHASE_CODES", "StudyTracker", "phase_runs", "profile_rows",
+           "study_metric_name"]
+
 #: ``resume_run_id`` of a resumed study whose journal never heard its run's id (killed
 #: before the run, opened beside the training, answered): the store is searched for it.
 FIND_STUDY_RUN = "find"
@@ -50,7 +55,7 @@ class StudyTracker(Tracker):
     Per-epoch metrics are logged with ``step = epoch`` and the time the epoch finished
     on its worker; every system knob is logged as a metric too so the UI can plot the
     config against the epoch, and the epoch's phase as ``phase_code``
-    (:data:`PHASE_CODES`). A trial's run starts when the trial started
+    (:data:`~pipetune.tracking.names.PHASE_CODES`). A trial's run starts when the trial started
     (:func:`trial_started`; it is created when its first epoch is sent) and ends when
     :meth:`end_trial` is called; the study's run starts when the tracker is built and
     ends at :meth:`finish`. Its metrics are named apart (:func:`study_metric_name`).

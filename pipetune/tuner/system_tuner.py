@@ -361,6 +361,7 @@ class SystemTuner:
         """``(one_time, speedup)`` of ``config`` in this trial
         (:func:`~pipetune.tuner.one_time.figures`)."""
         return figures(self.default, history, config)
+
     def _usable_hit(self, match: GroundTruthMatch | None,
                     history: Sequence[EpochObservation] = ()) -> tuple[SystemConfig | None, str]:
         if match is None:
