@@ -153,10 +153,13 @@ def test_time_an_epoch_waited_for_a_cpu_is_left_out_of_its_cost():
         os.sched_setaffinity(0, before)
     assert shared.cpu_wait_s > 0.3 * shared.wall_s  # about half: one CPU, two runners
     assert shared.wall_s > 1.5 * alone.wall_s
-    # Its own time is about what it took alone, nowhere near the doubled wall time.
-    assert shared.own_wall_s < 1.35 * alone.own_wall_s
+    # Its own time is the time it ran (one thread: its CPU time), nowhere near the
+    # doubled wall time. (Compared within the run: beside the burner the same steps
+    # take more CPU, the caches shared, so a bound against the run alone is noise.)
+    assert shared.own_wall_s == pytest.approx(shared.cpu_s, rel=0.3)
+    assert shared.own_wall_s < 0.75 * shared.wall_s
     assert shared.cost("time") == pytest.approx(shared.own_wall_s / shared.samples)
-    assert shared.steady_step_s < 1.35 * alone.steady_step_s
+    assert shared.steady_step_s * shared.steps < 0.75 * shared.wall_s  # the wait left out
     assert 0.5 < shared.cores_busy < 1.3  # one thread, busy whenever it ran
 
 
