@@ -368,6 +368,9 @@ class _Spare:
             newest.terminate()  # waiting, or still warming up: nobody took it
         with contextlib.suppress(OSError):
             (folder / self.socket_name).unlink()
+        for proc in self.procs:  # where each listened while it warmed up
+            with contextlib.suppress(OSError):
+                (folder / f"{self.socket_name}.{proc.pid}").unlink()
 
 
 #: The spares a service keeps waiting: a recorder (:mod:`pipetune.sidecar.spare`) and a

@@ -131,6 +131,8 @@ def test_a_warm_service_serves_the_next_commands_with_fresh_code_and_stops(tmp_p
     while _left_behind(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _left_behind(tmp_path)
+    # nor a socket of a spare, waiting or still warming up
+    assert not list((tmp_path / "home" / "service").glob("*/*.sock*"))
     from pipetune.prefect_server import healthy
 
     assert not healthy(f"{url}/api")
