@@ -187,7 +187,7 @@ def test_a_command_handed_to_the_warm_driver_runs_and_stops_as_its_own(tmp_path)
     """With the service's spare driver waiting, ``tune`` hands itself over: the driver
     runs it on the command's terminal, in its folder, with its environment, and exits
     with it; Ctrl-C on the command stops the study as it would have stopped it."""
-    env = {**tune_env(tmp_path), "PIPETUNE_KEEP_WARM_S": "120"}
+    env = {**tune_env(tmp_path), "PIPETUNE_KEEP_WARM_S": "600"}  # outlives the waits below
     job = synthetic_job("handed", trials=1)
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     log = tmp_path / "home" / "service"
