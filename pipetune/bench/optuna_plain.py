@@ -38,7 +38,7 @@ _MODULE_STARTED = time.time()
 import math  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Mapping, Sequence  # noqa: E402
-from dataclasses import dataclass, replace  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from typing import TYPE_CHECKING, Any, ClassVar  # noqa: E402
 
 from pipetune.bench.peers import (  # noqa: E402
@@ -269,8 +269,7 @@ def _result(spec: JobSpec, study: Any, tuning_wall_s: float, started: float, cor
     return OptunaPlainResult.of_rows(
         spec, rows, tuning_wall_s=tuning_wall_s, started=started, cores=cores,
         n_jobs=n_jobs, sampler=f"TPE(seed={spec.search.seed})", pruner=pruner_text,
-        best=None if best is None else replace(
-            next(r for r in rows if r.number == best.number), value=float(best.value)))
+        best=None if best is None else next(r for r in rows if r.number == best.number))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
