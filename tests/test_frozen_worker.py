@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -259,8 +260,12 @@ def test_an_epoch_that_freezes_every_worker_fails_only_its_trial(tmp_path, monke
     by_hidden = {t.params["hidden"]: t for t in study.trials.values()}
     wedged = by_hidden[8]
     assert wedged.state == "failed" and wedged.epochs_run == 1
-    assert wedged.error.startswith("worker froze: the worker running this epoch sent no "
-                                   "heartbeat for 5 s"), wedged.error
+    # The silence it names is the one measured, at least the bound and not much more
+    # (a busy machine's scheduler sees it a poll or two late).
+    silence = re.match(r"worker froze: the worker running this epoch sent no heartbeat "
+                       r"for (\d+) s, after 1 other worker\(s\) that ran it were lost$",
+                       wedged.error)
+    assert silence and 5 <= int(silence.group(1)) <= 15, wedged.error
     assert len(pids) == 2 and len(backend.retired) == 2
     assert backend.resent == [(wedged.trial_id, 2)]
     for hidden in (16, 32):
