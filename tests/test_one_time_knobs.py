@@ -24,7 +24,14 @@ from pipetune.schedulers import ASHAScheduler
 from pipetune.spec import JobSpec
 from pipetune.states import GroundTruthMatch, Phase
 from pipetune.system.config import MachineInfo, SystemConfig
-from pipetune.tuner import MIN_ONE_TIME_HORIZON, EpochObservation, SystemTuner
+from pipetune.tuner import (
+    MIN_ONE_TIME_HORIZON,
+    ONE_TIME_PRICE_PRIOR_S,
+    ONE_TIME_SAVING_PRIOR,
+    EpochObservation,
+    OneTimePrice,
+    SystemTuner,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 MACHINE = MachineInfo(cores=2)
@@ -46,18 +53,40 @@ def hit(one_time, speedup, config=COMPILED):
 
 # -- the policy, known answers ---------------------------------------------------------------
 
-def test_an_unknown_one_time_knob_is_probed_only_when_the_trial_is_sure_to_run_long_enough():
+def test_an_unknown_one_time_knob_is_probed_only_when_the_seconds_it_would_save_pay_its_price():
     tuner = SystemTuner(DEFAULT, {"compile": [False, True]}, machine=MACHINE)
-    first = [obs(1, "profile", DEFAULT, 0.01)]
-    short = tuner.next_epoch(first, epochs_left=8, match=None, sure_epochs=2)
+    first = [obs(1, "profile", DEFAULT, 0.01)]    # 10 s epochs
+    # Nothing measured yet: a compile is taken to cost ONE_TIME_PRICE_PRIOR_S (20 s) and
+    # save ONE_TIME_SAVING_PRIOR (20%): 8 epochs save 16 s, not enough; 12 save 24 s.
+    assert (ONE_TIME_PRICE_PRIOR_S, ONE_TIME_SAVING_PRIOR) == (20.0, 0.2)
+    short = tuner.next_epoch(first, epochs_left=12, match=None, sure_epochs=8)
     assert short.phase is Phase.TRAIN and short.system == DEFAULT
-    assert "compile=True not probed" in short.reason
-    long = tuner.next_epoch(first, epochs_left=8, match=None, sure_epochs=MIN_ONE_TIME_HORIZON)
+    assert ("compile=True not probed: saves ~16 over 8 sure epoch(s) at 20% <= 20 once "
+            "(prior)") in short.reason
+    long = tuner.next_epoch(first, epochs_left=12, match=None, sure_epochs=12)
     assert long.phase is Phase.PROBE and long.system == COMPILED
+    assert "saves ~24 over 12 epoch(s) > 20 once, prior" in long.reason
+    # The price is in seconds, not epochs: 3 epochs of 50 s save 30 s > 20 s.
+    big = [obs(1, "profile", DEFAULT, 0.05)]
+    assert tuner.next_epoch(big, epochs_left=3, match=None, sure_epochs=3).system == COMPILED
+    # A price measured (by this study or the ground truth) replaces the prior: 2 s once
+    # at 50% is paid by 3 epochs of 10 s.
+    measured = OneTimePrice(2.0, 0.5, "ground truth, 1 job(s)")
+    cheap = tuner.next_epoch(first, epochs_left=3, match=None, sure_epochs=3,
+                             one_time_price=measured)
+    assert cheap.system == COMPILED
+    assert cheap.inputs["price_from"] == "ground truth, 1 job(s)"
+    assert cheap.inputs["expected_saving"] == 15.0 and cheap.inputs["one_time_price"] == 2.0
     # A trial that trained on (short horizon) and then passed a rung probes it then.
     trained = [*first, obs(2, "train", DEFAULT, 0.01)]
-    later = tuner.next_epoch(trained, epochs_left=7, match=None, sure_epochs=6)
+    later = tuner.next_epoch(trained, epochs_left=11, match=None, sure_epochs=11)
     assert later.phase is Phase.PROBE and later.system == COMPILED
+    # Epochs of unknown size: the horizon in epochs decides (MIN_ONE_TIME_HORIZON).
+    blind = [EpochObservation(1, "profile", DEFAULT, cost=0.01)]
+    assert tuner.next_epoch(blind, epochs_left=8, match=None,
+                            sure_epochs=MIN_ONE_TIME_HORIZON).system == COMPILED
+    assert tuner.next_epoch(blind, epochs_left=8, match=None,
+                            sure_epochs=MIN_ONE_TIME_HORIZON - 1).system == DEFAULT
 
 
 def test_after_probing_the_steady_rate_decides_and_the_one_time_figures_are_recorded():
@@ -131,6 +160,9 @@ def one_time_job(name, max_epochs, trials=1):
         one_time_by_knob={"compile": {"true": 1.2}},
     )
     job["system"] = {"default": {"cores": 1}, "space": {"compile": [False, True]}}
+    # What this compile costs and saves, said as a user who measured it would (the
+    # priors are a real compile's: 20 s, which these sleeps never pay back).
+    job["pipetune"] = {"one_time_price_s": 1.2, "one_time_saving": 0.8}
     job["early_stopping"] = {"policy": "none", "max_epochs": max_epochs}
     return job
 
@@ -291,7 +323,10 @@ def test_a_one_time_knob_is_probed_on_top_of_the_best_config_so_far():
     tuner = SystemTuner(DEFAULT, {"channels_last": [True], "compile": [True]}, machine=MACHINE)
     cl = DEFAULT.replace(channels_last=True)
     history = [obs(1, "profile", DEFAULT, 0.010), obs(2, "probe", cl, 0.006)]
-    decision = tuner.next_epoch(history, epochs_left=6, match=None, sure_epochs=6)
+    # 6 epochs at the best rate so far (6 s) x 20% = 7.2 s saved > 5 s once.
+    decision = tuner.next_epoch(history, epochs_left=6, match=None, sure_epochs=6,
+                                one_time_price=OneTimePrice(5.0))
+    assert decision.inputs["expected_saving"] == pytest.approx(7.2)
     assert decision.phase is Phase.PROBE and decision.system == cl.replace(compile=True)
     history.append(obs(3, "probe", cl.replace(compile=True), 0.007, one_time=30.0))
     done = tuner.next_epoch(history, epochs_left=5, match=None, sure_epochs=5)
@@ -462,22 +497,32 @@ def test_asha_expects_each_later_epoch_by_the_promotion_rates_seen_at_its_rungs(
 
 def test_an_unknown_one_time_knob_is_weighed_against_the_expected_epochs_not_the_sure_ones():
     tuner = SystemTuner(DEFAULT, {"compile": [False, True]}, machine=MACHINE)
-    first = [obs(1, "profile", DEFAULT, 0.01)]
-    # ASHA by 2: never sure of 3 more epochs, but expected to run 3.2 of them.
+    first = [obs(1, "profile", DEFAULT, 0.05)]    # 50 s epochs
+    # ASHA by 2: never sure of 3 more epochs, but expected to run 3.2 of them: 3.2 x 50 s
+    # x 20% = 32 s saved > 20 s once.
     probed = tuner.next_epoch(first, epochs_left=5, match=None, sure_epochs=1,
                               expected_epochs=3.2)
     assert probed.phase is Phase.PROBE and probed.system == COMPILED
-    assert probed.inputs == {"expected_epochs": 3.2, "sure_epochs": 1}
+    assert probed.inputs == {"expected_epochs": 3.2, "sure_epochs": 1,
+                             "one_time_price": 20.0, "expected_saving": 32.0,
+                             "saving_share": 0.2, "price_from": "prior"}
     short = tuner.next_epoch(first, epochs_left=5, match=None, sure_epochs=1,
-                             expected_epochs=2.4)
+                             expected_epochs=1.8)
     assert short.system == DEFAULT
-    assert "2.4 expected epoch(s) < 3 to earn a one-time cost back" in short.reason
+    assert "1.8 expected epoch(s) < 2 to earn a one-time cost back" in short.reason
+    # Shorter epochs (30 s): 2.4 expected of them save 14.4 s, under the price.
+    mid = tuner.next_epoch([obs(1, "profile", DEFAULT, 0.03)], epochs_left=5, match=None,
+                           sure_epochs=1, expected_epochs=2.4)
+    assert mid.system == DEFAULT
+    assert ("compile=True not probed: saves ~14.4 over 2.4 expected epoch(s) at 20% <= 20 "
+            "once (prior)") in mid.reason
 
 
 @pytest.mark.parametrize(("expected", "worker_one_time", "probed"), [
     (2.0, 0.0, True),     # the worker compiled this graph before: an ordinary probe
     (1.5, 0.0, False),    # ... but a probe needs an epoch after it to pay
-    (2.0, 4.0, False),    # 4 s once on a 10 s epoch is no small cost: 3 epochs needed
+    (2.0, 5.0, False),    # 5 s once: 2 epochs of 10 s save 4 s at the prior 20%
+    (3.0, 5.0, True),     # ... 3 save 6 s
 ])
 def test_a_compile_the_worker_already_paid_is_probed_like_any_knob(expected, worker_one_time,
                                                                    probed):
@@ -509,6 +554,9 @@ def worker_compile_job(name, scope):
     # so the recorded 1.2 s never pays for a recurring trial; one already paid does.
     job["workload"]["params"].update(cost_by_knob={"compile": {"false": 0.3, "true": 0.1}},
                                      one_time_scope=scope)
+    # The job's stated price is too low (0.5 s): the first trial probes, pays 1.2 s, and
+    # what it paid is the study's price from then on.
+    job["pipetune"]["one_time_price_s"] = 0.5
     return job
 
 
@@ -565,7 +613,7 @@ def test_the_slots_busy_share_counts_epochs_held_until_the_tail(tmp_path):
 
 def test_an_unknown_one_time_knob_is_not_probed_beside_a_trial_probing_it():
     tuner = SystemTuner(DEFAULT, {"compile": [False, True]}, machine=MACHINE)
-    first = [obs(1, "profile", DEFAULT, 0.01)]
+    first = [obs(1, "profile", DEFAULT, 0.05)]    # 4 expected epochs of 50 s would pay
     beside = tuner.next_epoch(first, epochs_left=5, match=None, sure_epochs=1,
                               expected_epochs=4.0, probed_elsewhere=True)
     assert beside.system == DEFAULT and "another trial is probing it now" in beside.reason
@@ -573,3 +621,49 @@ def test_an_unknown_one_time_knob_is_not_probed_beside_a_trial_probing_it():
     cheap = tuner.next_epoch(first, epochs_left=5, match=None, sure_epochs=1,
                              expected_epochs=4.0, known_one_time=0.0, probed_elsewhere=True)
     assert cheap.system == COMPILED
+
+
+def test_an_untried_compile_is_priced_by_this_study_then_the_ground_truth_then_the_prior(
+        tmp_path):
+    from known import CONV_JOB, DENSE_JOB, noisy
+
+    from pipetune.engine.one_time import OneTimeLedger
+
+    gt = GroundTruth(tmp_path / "gt.json")
+    spec = JobSpec.from_dict(one_time_job("priced", max_epochs=4), machine=MACHINE)
+    ledger = OneTimeLedger.for_study(spec, gt, "seconds")
+    # Nothing measured: the job's stated prior (the built-in one where it states none).
+    assert ledger.price() == OneTimePrice(None, 0.8, "prior", prior_s=1.2)
+    bare = JobSpec.from_dict(synthetic_job("bare"), machine=MACHINE)
+    assert OneTimeLedger.for_study(bare, gt, "seconds").price() == OneTimePrice(
+        None, ONE_TIME_SAVING_PRIOR, "prior", prior_s=ONE_TIME_PRICE_PRIOR_S)
+    # Two other jobs compiled on this machine: one paid 30 s first (then 2 s, its cache
+    # warm), 2x faster; the other 10 s, 1.25x. A config without a one-time knob, another
+    # unit or objective, and a record without figures say nothing of compiles.
+    conv, dense = noisy(CONV_JOB, 1), noisy(DENSE_JOB, 2)
+    gt.remember(conv, 32, "time", COMPILED, 0.01, job_key="conv", one_time=30.0,
+                speedup=2.0, cost_unit="seconds")
+    gt.remember(conv, 32, "time", COMPILED, 0.01, job_key="conv", one_time=2.0,
+                speedup=2.0, cost_unit="seconds")
+    gt.remember(dense, 32, "time", COMPILED, 0.01, job_key="dense", one_time=10.0,
+                speedup=1.25, cost_unit="seconds")
+    gt.remember(dense, 32, "time", DEFAULT.replace(cores=2), 0.01, job_key="dense",
+                one_time=99.0, speedup=1.5, cost_unit="seconds")
+    gt.remember(dense, 32, "time", COMPILED, 0.01, job_key="other-unit", one_time=99.0,
+                speedup=9.0, cost_unit="joules")
+    gt.remember(dense, 32, "energy", COMPILED, 0.01, job_key="energy", one_time=99.0,
+                speedup=9.0, cost_unit="joules")
+    gt.remember(dense, 32, "time", COMPILED, 0.01, job_key="bare", cost_unit="seconds")
+    price, saving, jobs = gt.one_time_figures("time", "seconds")
+    assert (price, jobs) == (20.0, 2)                       # median of 30 and 10
+    # (plain arithmetic: pytest.approx reads numpy, which the store's background fit may
+    # be importing right now)
+    assert abs(saving - 0.5) < 1e-9                         # median of 0.5, 0.5, 0.2
+    ledger = OneTimeLedger.for_study(spec, gt, "seconds")
+    price = ledger.price()
+    assert (price.price, price.source, price.prior_s) == (20.0, "ground truth, 2 job(s)", 1.2)
+    assert abs(price.saving - 0.5) < 1e-9
+    # This study paid a first compile itself: its own price, the machine's saving.
+    ledger.paid("tcp://w1", "g", 64, ("compile",), 4.0)
+    assert ledger.price().price == 4.0 and ledger.price().source == "this study's 1 first(s)"
+    assert abs(ledger.price().saving - 0.5) < 1e-9

@@ -20,15 +20,20 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pipetune.system.config import ONE_TIME_KNOBS
+from pipetune.tuner import ONE_TIME_PRICE_PRIOR_S, ONE_TIME_SAVING_PRIOR, OneTimePrice
 
 if TYPE_CHECKING:
     from pipetune.engine.trial import Trial
+    from pipetune.groundtruth import GroundTruth
     from pipetune.runner import EpochResult
+    from pipetune.spec import JobSpec
 
 #: (worker address, model graph, batch size, one-time knobs that ran)
 Key = tuple[str, str, int, tuple[str, ...]]
@@ -41,10 +46,54 @@ class _Paid:
 
 
 class OneTimeLedger:
-    """Per worker, graph, batch size and one-time knobs: the first cost and the reuses."""
+    """Per worker, graph, batch size and one-time knobs: the first cost and the reuses.
 
-    def __init__(self) -> None:
+    ``machine``: what one-time knobs cost once and saved for any job the ground truth
+    holds (:meth:`pipetune.groundtruth.GroundTruth.one_time_figures`), read when first
+    needed and again after this study paid a new first; None: nothing to read."""
+
+    def __init__(self, machine: Callable[[], tuple[float, float, int] | None] | None = None,
+                 prior: OneTimePrice | None = None) -> None:
         self._paid: dict[Key, _Paid] = {}
+        self._machine = machine
+        #: What is assumed before anything was measured (``pipetune.one_time_*``).
+        self.prior = prior or OneTimePrice()
+        self._machine_read: tuple[int, tuple[float, float, int] | None] | None = None
+
+    @classmethod
+    def for_study(cls, spec: JobSpec, ground_truth: GroundTruth | None,
+                  cost_unit: str) -> OneTimeLedger:
+        """A study's ledger: the machine's figures read from ``ground_truth``, the priors
+        from the job's ``pipetune.one_time_price_s`` and ``one_time_saving``."""
+        given = spec.pipetune
+        prior = OneTimePrice(
+            saving=ONE_TIME_SAVING_PRIOR if given.one_time_saving is None
+            else given.one_time_saving,
+            prior_s=ONE_TIME_PRICE_PRIOR_S if given.one_time_price_s is None
+            else given.one_time_price_s)
+        objective = spec.objective.system
+        return cls(None if ground_truth is None else
+                   (lambda: ground_truth.one_time_figures(objective, cost_unit)), prior)
+
+    def price(self) -> OneTimePrice:
+        """What an untried one-time knob is expected to cost once and save in this
+        study: the price is the median first this study paid (any worker, any graph of
+        it), else the ground truth's, else the prior; the saving is the ground truth's,
+        else the prior."""
+        firsts = [p.first for p in self._paid.values()]
+        if self._machine is not None and (self._machine_read is None
+                                          or self._machine_read[0] != len(firsts)):
+            self._machine_read = (len(firsts), self._machine())
+        machine = self._machine_read[1] if self._machine_read is not None else None
+        saving = machine[1] if machine is not None else self.prior.saving
+        if firsts:
+            return dataclasses.replace(self.prior, price=statistics.median(firsts),
+                                       saving=saving,
+                                       source=f"this study's {len(firsts)} first(s)")
+        if machine is not None:
+            return dataclasses.replace(self.prior, price=machine[0], saving=saving,
+                                       source=f"ground truth, {machine[2]} job(s)")
+        return self.prior
 
     def paid(self, address: str, graph: str, batch_size: int, knobs: tuple[str, ...],
              one_time: float) -> None:

@@ -145,8 +145,8 @@ class Study:
         self.costing = Costing(self.objective, spec.search.max_concurrent)
         #: What it writes to the ground truth: the config each trial kept.
         self.remembering = Remembering(ground_truth, spec, study_id, self.costing.unit)
-        #: What each worker paid once per model graph (a compile), for later trials.
-        self.one_time = OneTimeLedger()
+        #: What each worker paid once per graph (a compile), and what an untried one costs.
+        self.one_time = OneTimeLedger.for_study(spec, ground_truth, self.costing.unit)
 
     def _probe_core_limit(self, spec: JobSpec) -> int | None:
         """When trials run side by side and their defaults already fill the cores, and
@@ -427,10 +427,10 @@ class Study:
                                   reason="system knobs set by the trial's params")
         return self.tuner.next_epoch(
             trial.tuner_history(), epochs_left=self.max_epochs - trial.epochs_run,
-            match=trial.match,
-            sure_epochs=self.scheduler.sure_epochs(trial.epochs_run),
+            match=trial.match, sure_epochs=self.scheduler.sure_epochs(trial.epochs_run),
             expected_epochs=self.scheduler.expected_epochs(trial.epochs_run),
             known_one_time=self.one_time.for_next_epoch(trial),
+            one_time_price=self.one_time.price(),
             probed_elsewhere=any(
                 task.trial_id != trial_id and task.phase is Phase.PROBE
                 and task.system.one_time_knobs() for task in self._in_flight.values()),

@@ -263,6 +263,43 @@ class GroundTruth:
             known_graph=graphs.most_common(1)[0][0],
             cost_unit=units.most_common(1)[0][0] if len(units) == 1 else None)
 
+    def one_time_figures(self, objective: str, cost_unit: str = ""
+                         ) -> tuple[float, float, int] | None:
+        """What one-time knobs (a compile) cost once and saved for every job the store
+        holds, whatever the job: ``(price, saving, jobs)``. ``price`` is the median over
+        jobs of the most a job paid once (its first compile: later trials of a job
+        reuse a warm cache), ``saving`` the median share of an epoch they saved
+        (``1 - 1/speedup``, 0 where they slowed it), ``jobs`` how many jobs that is.
+        Only records of ``objective`` (and of ``cost_unit``, where given) count; None
+        where no record has both figures.
+
+        A job nothing is known of weighs an untried compile with these before it pays
+        one (see :class:`pipetune.tuner.OneTimePrice`)."""
+        import json
+        import statistics
+
+        objective = check_objective(objective)
+        most: dict[str, float] = {}
+        savings: list[float] = []
+        for rec in self._store.read():
+            if (rec.get("objective") != objective or rec.get("one_time") is None
+                    or rec.get("speedup") is None
+                    or (cost_unit and rec.get("cost_unit", cost_unit) != cost_unit)):
+                continue
+            config = rec.get("config") or {}
+            if isinstance(config, str):
+                config = json.loads(config)
+            if not SystemConfig.from_dict(config).one_time_knobs():
+                continue
+            job = str(rec.get("job_key") or rec.get("job") or "")
+            most[job] = max(most.get(job, 0.0), float(rec["one_time"]))
+            speedup = float(rec["speedup"])
+            savings.append(max(0.0, 1.0 - 1.0 / speedup) if speedup > 0 else 0.0)
+        if not most:
+            return None
+        return float(statistics.median(most.values())), float(statistics.median(savings)), \
+            len(most)
+
     def entries(self) -> list[GroundTruthEntry]:
         """Every (cluster, bucket, objective) with its best config, sorted by those keys."""
         fit = self._fitted()

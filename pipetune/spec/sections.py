@@ -383,6 +383,11 @@ class PipetuneSpec(_Section):
     probe_plan: Literal["one_knob"] = "one_knob"
     max_probes: int | None = Field(None, ge=1)
     similarity: SimilaritySpec = Field(default_factory=SimilaritySpec)
+    #: What an untried one-time knob (``compile``) is taken to cost once, in wall seconds,
+    #: and the share of each epoch it saves, until this study or the ground truth has
+    #: measured one (None: the priors of :mod:`pipetune.tuner.one_time`, measured here).
+    one_time_price_s: float | None = Field(None, ge=0)
+    one_time_saving: float | None = Field(None, ge=0, lt=1)
     #: Which compile cache epochs under ``compile`` use: empty, the shared one
     #: (``compile-cache`` under the pipetune home, or ``$PIPETUNE_COMPILE_CACHE``); a
     #: name, a folder of that name inside it (the bench gives each strategy its own).

@@ -2,8 +2,8 @@
 
 - :mod:`~pipetune.tuner.system_tuner`: the policy, :class:`SystemTuner`;
 - :mod:`~pipetune.tuner.plan`: the probe plan, from the job's ``system.space``;
-- :mod:`~pipetune.tuner.one_time`: one-time knobs (compile), weighed against the
-  epochs a trial has left;
+- :mod:`~pipetune.tuner.one_time`: one-time knobs (compile), their price weighed in
+  seconds against what the epochs a trial is expected to run would save;
 - :mod:`~pipetune.tuner.decisions`: what it reads (:class:`EpochObservation`) and
   answers (:class:`TuningDecision`).
 
@@ -31,10 +31,17 @@ from __future__ import annotations
 
 from pipetune.states import GroundTruthMatch, Phase
 from pipetune.tuner.decisions import EpochObservation, TuningDecision
-from pipetune.tuner.one_time import CHEAP_ONE_TIME_SHARE, MIN_ONE_TIME_HORIZON
+from pipetune.tuner.one_time import (
+    CHEAP_ONE_TIME_SHARE,
+    MIN_ONE_TIME_HORIZON,
+    ONE_TIME_PRICE_PRIOR_S,
+    ONE_TIME_SAVING_PRIOR,
+    OneTimePrice,
+)
 from pipetune.tuner.plan import PLANS, SPACE_FIELD, describe_change
 from pipetune.tuner.system_tuner import REUSE_MARGIN, WARMUP_MARGIN, SystemTuner
 
-__all__ = ["CHEAP_ONE_TIME_SHARE", "MIN_ONE_TIME_HORIZON", "PLANS", "REUSE_MARGIN",
-           "SPACE_FIELD", "WARMUP_MARGIN", "EpochObservation", "GroundTruthMatch", "Phase",
-           "SystemTuner", "TuningDecision", "describe_change"]
+__all__ = ["CHEAP_ONE_TIME_SHARE", "MIN_ONE_TIME_HORIZON", "ONE_TIME_PRICE_PRIOR_S",
+           "ONE_TIME_SAVING_PRIOR", "PLANS", "REUSE_MARGIN", "SPACE_FIELD", "WARMUP_MARGIN",
+           "EpochObservation", "GroundTruthMatch", "OneTimePrice", "Phase", "SystemTuner",
+           "TuningDecision", "describe_change"]

@@ -1,11 +1,27 @@
 """One-time knobs (a compile) in the system tuner: the epochs a one-time cost is weighed
-against, whether a known job's one-time knob pays for itself in this trial, and what a
-config cost once and sped up, as the ground truth remembers it."""
+against, what an untried one is expected to cost and save, whether a known job's
+one-time knob pays for itself in this trial, and what a config cost once and sped up, as
+the ground truth remembers it.
+
+A one-time cost is weighed in the objective's units (seconds), not in epochs: a compile
+costs about the same seconds whatever the epoch (13-24 s of one core on this project's
+machine for a small CNN, ``benchmarks/compile_cost.py``), so it is worth one epoch of a
+big job and six of a small one.
+
+>>> from pipetune.system.config import SystemConfig
+>>> first = [EpochObservation(1, "profile", SystemConfig(), cost=0.005, samples=1000)]
+>>> pays, figures = unknown_one_time_pays(first, 3.0, OneTimePrice())  # 5 s epochs
+>>> pays, figures["expected_saving"], figures["one_time_price"]
+(False, 3.0, 20.0)
+>>> unknown_one_time_pays(first, 30.0, OneTimePrice())[0]
+True
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pipetune.states import GroundTruthMatch, Phase
@@ -13,20 +29,83 @@ from pipetune.system.config import SystemConfig
 from pipetune.tuner.decisions import EpochObservation, TuningDecision
 from pipetune.tuner.plan import describe_change
 
-#: An untried config with a one-time cost (``compile``), about which nothing is known
-#: yet, is probed only when the trial is expected to run at least this many more epochs
-#: (the probe included): one epoch to pay and measure it, two to earn it back. The
-#: horizon is the scheduler's *expected* epochs (each later epoch weighted by the
-#: chance of reaching it, from the rungs' promotion rates so far), not the epochs the
-#: trial is sure of: under ASHA with reduction factor 2 no trial is ever sure of 3 more
-#: epochs, though a third of them run to the end. A trial that goes on past a rung is
-#: asked again with its new horizon.
+#: Where the size of the trial's epochs is unknown (no sample count), an untried
+#: one-time knob is probed only when the trial is expected to run at least this many
+#: more epochs (the probe included): one to pay and measure it, two to earn it back.
 MIN_ONE_TIME_HORIZON = 3
 
 #: A one-time cost the trial's worker is known to pay at most this share of one of the
 #: trial's epochs for (a compile of a model graph the worker compiled before: dynamo
-#: reuses it) makes the knob an ordinary one: probed whenever an epoch follows the probe.
+#: reuses it) makes the knob an ordinary one: probed whenever an epoch follows the probe,
+#: even beside another trial probing it.
 CHEAP_ONE_TIME_SHARE = 0.05
+
+#: What an untried one-time knob is taken to cost once, in wall seconds of the config
+#: that pays it, before anything measured one: torch.compile (inductor) of a small CNN's
+#: training step cost 13-24 s of one CPU core on this project's machine whatever its
+#: width (``benchmarks/compile_cost.py``); compiling is CPU work on a GPU machine too.
+#: What this study, then the ground truth (any job on the machine), measured replaces it.
+ONE_TIME_PRICE_PRIOR_S = 20.0
+
+#: The share of each epoch an untried one-time knob is taken to save before any was
+#: measured: the most a compile saved a training step here was 22% (1-22%,
+#: ``benchmarks/compile_cost.py``). What the ground truth measured replaces it.
+ONE_TIME_SAVING_PRIOR = 0.2
+
+
+@dataclass(frozen=True)
+class OneTimePrice:
+    """What an untried one-time knob is expected to cost once and save.
+
+    ``price``: the one-time cost of the whole epoch that pays it, in the objective's
+    units (``None``: ``prior_s`` wall seconds, turned into the trial's units by its own
+    epochs); ``saving``: the share of each later epoch's cost it saves; ``source``:
+    where the figures come from, as a decision says it.
+    """
+
+    price: float | None = None
+    saving: float = ONE_TIME_SAVING_PRIOR
+    source: str = "prior"
+    prior_s: float = ONE_TIME_PRICE_PRIOR_S
+
+
+def epoch_cost(history: Sequence[EpochObservation]) -> float | None:
+    """One epoch of the trial at the best steady cost it has seen, in the objective's
+    units; None where its size is unknown."""
+    samples = history[-1].samples or history[0].samples
+    steady = [o.steady_cost for o in history if math.isfinite(o.steady_cost)]
+    return min(steady) * samples if samples and steady else None
+
+
+def _per_wall_second(history: Sequence[EpochObservation]) -> float:
+    """The objective's units a wall second of the trial's default costs: its cores
+    (core-seconds) or its power (joules); 1 where no wall time was measured."""
+    for o in history:
+        if o.wall_steady and o.wall_steady > 0 and math.isfinite(o.steady_cost):
+            return o.steady_cost / o.wall_steady
+    return 1.0
+
+
+def unknown_one_time_pays(history: Sequence[EpochObservation], horizon: float,
+                          price: OneTimePrice, known_one_time: float | None = None,
+                          ) -> tuple[bool, dict[str, Any]]:
+    """Whether probing an untried one-time knob is expected to pay within ``horizon``
+    epochs (the probe included): the epochs' cost x the share it saves, against what
+    it costs once (``known_one_time`` where the trial's worker paid it for this graph
+    before, else ``price``); and the figures weighed. An epoch must follow the probe."""
+    epoch = epoch_cost(history)
+    if epoch is None:
+        return horizon >= MIN_ONE_TIME_HORIZON, {}
+    if known_one_time is not None:
+        once, source = float(known_one_time), "this worker"
+    elif price.price is not None:
+        once, source = float(price.price), price.source
+    else:
+        once, source = price.prior_s * _per_wall_second(history), price.source
+    gain = horizon * epoch * price.saving
+    figures = {"one_time_price": round(once, 3), "expected_saving": round(gain, 3),
+               "saving_share": round(price.saving, 3), "price_from": source}
+    return horizon >= 2 and gain > once, figures
 
 
 def weighed_horizon(epochs_left: int, sure_epochs: int | None, expected_epochs: float | None,
@@ -69,16 +148,27 @@ def cheap_one_time(history: Sequence[EpochObservation],
 
 
 def not_yet_said(default: SystemConfig, untried: Sequence[SystemConfig], horizon: float,
-                 expected: bool, probed_elsewhere: bool) -> str:
-    """What a decision says of the one-time knobs it left unprobed, and why."""
+                 expected: bool, probed_elsewhere: bool,
+                 weighed: Mapping[str, Any] | None = None) -> str:
+    """What a decision says of the one-time knobs it left unprobed, and why
+    (``weighed``: the figures :func:`unknown_one_time_pays` weighed)."""
     deferred = [c for c in untried if c.one_time_knobs()]
     if not deferred:
         return ""
     kind = "expected" if expected else "sure"
-    why_not = ("another trial is probing it now" if probed_elsewhere
-               and horizon >= MIN_ONE_TIME_HORIZON else
-               f"{rounded(horizon)} {kind} epoch(s) < {MIN_ONE_TIME_HORIZON} to earn a "
-               "one-time cost back")
+    weighed = weighed or {}
+    if "one_time_price" in weighed and horizon >= 2:
+        why_not = (f"saves ~{weighed['expected_saving']:.3g} over {rounded(horizon)} {kind} "
+                   f"epoch(s) at {weighed['saving_share']:.0%} <= {weighed['one_time_price']:.3g}"
+                   f" once ({weighed['price_from']})")
+        if probed_elsewhere and weighed["expected_saving"] > weighed["one_time_price"]:
+            why_not = "another trial is probing it now"
+    elif probed_elsewhere and horizon >= MIN_ONE_TIME_HORIZON:
+        why_not = "another trial is probing it now"
+    else:
+        need = 2 if "one_time_price" in weighed else MIN_ONE_TIME_HORIZON
+        why_not = (f"{rounded(horizon)} {kind} epoch(s) < {need} to earn a one-time cost "
+                   "back")
     return (f"; {', '.join(describe_change(default, c) for c in deferred)} "
             f"not probed: {why_not}")
 
@@ -105,14 +195,16 @@ def figures(default: SystemConfig, history: Sequence[EpochObservation],
 def weigh_reuse(default: SystemConfig, history: list[EpochObservation], config: SystemConfig,
                 match: GroundTruthMatch, horizon: float, why: str,
                 weighed: Mapping[str, Any] | None = None,
-                known_one_time: float | None = None) -> TuningDecision:
+                known_one_time: float | None = None,
+                price: OneTimePrice | None = None) -> TuningDecision:
     """Train under the ground truth's ``config``, its one-time knobs only where they
     are earned back within ``horizon`` (expected, else sure) epochs. The trial first
     measures its own steady rate under ``config`` without them (unless it has), then
     weighs: the gain is ``horizon x samples x`` that rate ``x (1 - 1/speedup)``
     (``speedup``: what the knobs added on top, as recorded), against the one-time
     cost: what the trial's worker paid for this graph before where known
-    (``known_one_time``), else the recorded one."""
+    (``known_one_time``), else the recorded one; a record without those figures is
+    weighed as an untried knob (``price``, see :func:`unknown_one_time_pays`)."""
     ran = {o.system for o in history}
     knobs = config.one_time_knobs()
     if not knobs or config in ran:
@@ -144,9 +236,14 @@ def weigh_reuse(default: SystemConfig, history: list[EpochObservation], config: 
                               "one_time": one_time, "recorded_one_time": match.one_time,
                               "speedup": match.speedup}
     if one_time is None or match.speedup is None or not math.isfinite(base_steady):
-        pays = horizon >= MIN_ONE_TIME_HORIZON
+        pays, unknown = unknown_one_time_pays(history, horizon, price or OneTimePrice(),
+                                              known_one_time)
+        inputs.update(unknown)
         detail = (f"no one-time figures recorded; {rounded(horizon)} {kind} epoch(s) "
-                  f"{'>=' if pays else '<'} {MIN_ONE_TIME_HORIZON}")
+                  f"{'>=' if pays else '<'} {MIN_ONE_TIME_HORIZON}" if not unknown else
+                  f"no one-time figures recorded; saves ~{unknown['expected_saving']:.3g} "
+                  f"over {rounded(horizon)} {kind} epoch(s) {'>' if pays else '<='} "
+                  f"{unknown['one_time_price']:.3g} once ({unknown['price_from']})")
     else:
         speedup = max(match.speedup, 1e-9)
         gain = horizon * samples * base_steady * (1.0 - 1.0 / speedup)

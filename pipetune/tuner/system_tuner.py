@@ -13,10 +13,12 @@ from pipetune.states import GroundTruthMatch, Phase
 from pipetune.system.config import MachineInfo, SystemConfig
 from pipetune.tuner.decisions import EpochObservation, TuningDecision, checked_history
 from pipetune.tuner.one_time import (
-    MIN_ONE_TIME_HORIZON,
+    OneTimePrice,
     cheap_one_time,
     figures,
     not_yet_said,
+    rounded,
+    unknown_one_time_pays,
     weigh_reuse,
     weighed_horizon,
     without_one_time,
@@ -124,6 +126,7 @@ class SystemTuner:
         expected_epochs: float | None = None,
         known_one_time: float | None = None,
         probed_elsewhere: bool = False,
+        one_time_price: OneTimePrice | None = None,
     ) -> TuningDecision:
         """The decision for epoch ``len(history) + 1``.
 
@@ -149,12 +152,17 @@ class SystemTuner:
         units for the whole epoch; ``None``: not known, the recorded or unknown figure
         stands. ``probed_elsewhere``: another trial of the study is probing an unknown
         one-time knob right now; this one waits for what it will measure rather than pay
-        the same unknown price beside it.
+        the same unknown price beside it. ``one_time_price``: what an untried one-time
+        knob is expected to cost once and save (what the study or the ground truth
+        measured; ``None``: the priors of :mod:`pipetune.tuner.one_time`). It is probed
+        when the expected epochs x the trial's epoch cost x that saving is more than that
+        price (or than ``known_one_time``), in the objective's units: seconds, not epochs.
         """
         decision = self._next_epoch(history, epochs_left=epochs_left, match=match,
                                     sure_epochs=sure_epochs, expected_epochs=expected_epochs,
                                     known_one_time=known_one_time,
-                                    probed_elsewhere=probed_elsewhere)
+                                    probed_elsewhere=probed_elsewhere,
+                                    one_time_price=one_time_price)
         if (alone_cores is None or decision.phase is not Phase.TRAIN or not self.enabled
                 or alone_cores <= decision.system.cores or epochs_left <= 0):
             return decision
@@ -203,8 +211,10 @@ class SystemTuner:
         expected_epochs: float | None = None,
         known_one_time: float | None = None,
         probed_elsewhere: bool = False,
+        one_time_price: OneTimePrice | None = None,
     ) -> TuningDecision:
         history = checked_history(history)
+        price = one_time_price or OneTimePrice()
         if not isinstance(epochs_left, int) or epochs_left < 0:
             raise ValueError(f"epochs_left must be an integer >= 0, got {epochs_left!r}")
         horizon, weighed = weighed_horizon(epochs_left, sure_epochs, expected_epochs,
@@ -220,7 +230,7 @@ class SystemTuner:
         if hit_config is not None:
             assert match is not None
             return weigh_reuse(self.default, history, hit_config, match, horizon, why,
-                               weighed, known_one_time)
+                               weighed, known_one_time, price)
 
         later = history[1:]
         probed = [o for o in later if o.phase is Phase.PROBE]
@@ -230,10 +240,12 @@ class SystemTuner:
         observed = [o.system for o in history]
         untried = [c for c in self._candidates if not self._tried(c, observed)]
         cheap = cheap_one_time(history, known_one_time)
+        pays, once = (unknown_one_time_pays(history, horizon, price, known_one_time)
+                      if any(c.one_time_knobs() for c in untried) else (False, {}))
+        weighed = {**weighed, **once}
         if epochs_left > 0:
-            fits = [c for c in untried
-                    if not c.one_time_knobs() or (cheap and horizon >= 2)
-                    or (horizon >= MIN_ONE_TIME_HORIZON and not probed_elsewhere)]
+            fits = [c for c in untried if not c.one_time_knobs()
+                    or (pays and (cheap or not probed_elsewhere))]
             if trained:  # only a one-time knob deferred for a short horizon is left
                 fits = [c for c in fits if c.one_time_knobs()]
             if fits:
@@ -243,11 +255,15 @@ class SystemTuner:
                 reason = f"probe {n}/{total}: {describe_change(self.default, nxt)}"
                 if n == 1:
                     reason += f" ({why})"
-                if nxt.one_time_knobs() and cheap and horizon < MIN_ONE_TIME_HORIZON:
+                if nxt.one_time_knobs() and cheap:
                     reason += " (its one-time cost is paid on this worker already)"
+                elif nxt.one_time_knobs() and once:
+                    reason += (f" (saves ~{once['expected_saving']:.3g} over "
+                               f"{rounded(horizon)} epoch(s) > "
+                               f"{once['one_time_price']:.3g} once, {once['price_from']})")
                 return TuningDecision(nxt, Phase.PROBE, None, None, reason, inputs=weighed)
         not_yet = not_yet_said(self.default, untried, horizon, expected_epochs is not None,
-                                probed_elsewhere)
+                                probed_elsewhere, once)
 
         best = self.best_observed(history)
         if best is None:
