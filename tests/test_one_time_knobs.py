@@ -65,7 +65,7 @@ def test_an_unknown_one_time_knob_is_probed_only_when_the_seconds_it_would_save_
             "(prior)") in short.reason
     long = tuner.next_epoch(first, epochs_left=12, match=None, sure_epochs=12)
     assert long.phase is Phase.PROBE and long.system == COMPILED
-    assert "saves ~24 over 12 epoch(s) > 20 once, prior" in long.reason
+    assert "saves ~24 over 12 sure epoch(s) > 20 once, prior" in long.reason
     # The price is in seconds, not epochs: 3 epochs of 50 s save 30 s > 20 s.
     big = [obs(1, "profile", DEFAULT, 0.05)]
     assert tuner.next_epoch(big, epochs_left=3, match=None, sure_epochs=3).system == COMPILED
@@ -667,3 +667,55 @@ def test_an_untried_compile_is_priced_by_this_study_then_the_ground_truth_then_t
     ledger.paid("tcp://w1", "g", 64, ("compile",), 4.0)
     assert ledger.price().price == 4.0 and ledger.price().source == "this study's 1 first(s)"
     assert abs(ledger.price().saving - 0.5) < 1e-9
+
+
+def test_a_first_compile_on_a_worker_counts_what_later_trials_there_would_save():
+    tuner = SystemTuner(DEFAULT, {"compile": [False, True]}, machine=MACHINE)
+    first = [obs(1, "profile", DEFAULT, 0.01)]    # 10 s epochs
+    # This trial alone: 3 expected epochs save 6 s, under the 20 s prior ...
+    alone = tuner.next_epoch(first, epochs_left=5, match=None, sure_epochs=1,
+                             expected_epochs=3.0)
+    assert alone.system == DEFAULT
+    # ... but 8 more epochs of later trials on this worker would reuse the compile:
+    # (3 + 8) x 10 s x 20% = 22 s > 20 s.
+    shared = tuner.next_epoch(first, epochs_left=5, match=None, sure_epochs=1,
+                              expected_epochs=3.0, reuse_epochs=8.0)
+    assert shared.phase is Phase.PROBE and shared.system == COMPILED
+    assert shared.inputs["later_trials_epochs"] == 8.0
+    assert shared.inputs["expected_saving"] == pytest.approx(22.0)
+    assert "3 expected epoch(s) and 8 of later trials on this worker" in shared.reason
+    # A worker that paid already says what a reuse costs it: later trials are no
+    # reason to pay 5 s again (3 epochs save 6 s > 5 s; with 2, 4 s does not).
+    paid = tuner.next_epoch(first, epochs_left=5, match=None, sure_epochs=1,
+                            expected_epochs=2.0, known_one_time=5.0, reuse_epochs=8.0)
+    assert paid.system == DEFAULT and "later_trials_epochs" not in paid.inputs
+    # The trial itself must still run an epoch after the probe.
+    last = tuner.next_epoch(first, epochs_left=1, match=None, sure_epochs=1,
+                            expected_epochs=1.0, reuse_epochs=100.0)
+    assert last.system == DEFAULT
+
+
+def test_later_trials_count_only_where_every_trial_builds_the_same_graph():
+    from pipetune.engine.one_time import later_epochs_per_slot, one_graph_for_every_trial
+    from pipetune.schedulers import ASHAScheduler
+
+    def spec(**space):
+        job = synthetic_job("graphs", trials=8)
+        job["hyperparameters"] = {"hidden": {"type": "choice", "values": [16]}, **space}
+        job["search"]["max_concurrent"] = 2
+        return JobSpec.from_dict(job, machine=MACHINE)
+
+    asha = ASHAScheduler(min_epochs=1, max_epochs=6, reduction_factor=2)
+    # A rate (a float, even as a choice) and one batch size: one graph.
+    same = spec(batch_size={"type": "choice", "values": [64]},
+                lr={"type": "choice", "values": [0.01, 0.1]})
+    assert one_graph_for_every_trial(same)
+    # 6 trials left, each expected to run 1 + 1/2 + 1/2 + 1/4 + 1/4 + 1/4 ... epochs,
+    # over 2 slots.
+    assert later_epochs_per_slot(same, asha, 2) == pytest.approx(6 * asha.expected_epochs(0) / 2)
+    assert later_epochs_per_slot(same, asha, 8) == 0.0
+    for shaping in ({"batch_size": {"type": "choice", "values": [32, 64]}},
+                    {"hidden": {"type": "int", "low": 8, "high": 32}}):
+        other = spec(**shaping)
+        assert not one_graph_for_every_trial(other)
+        assert later_epochs_per_slot(other, asha, 2) == 0.0

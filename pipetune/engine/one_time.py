@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pipetune.space import Choice, IntUniform, LogUniform, Uniform
+from pipetune.spec import SYSTEM_HPARAM_PREFIX
 from pipetune.system.config import ONE_TIME_KNOBS
 from pipetune.tuner import ONE_TIME_PRICE_PRIOR_S, ONE_TIME_SAVING_PRIOR, OneTimePrice
 
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from pipetune.engine.trial import Trial
     from pipetune.groundtruth import GroundTruth
     from pipetune.runner import EpochResult
+    from pipetune.schedulers import Scheduler
     from pipetune.spec import JobSpec
 
 #: (worker address, model graph, batch size, one-time knobs that ran)
@@ -149,3 +152,30 @@ def graph_of(trial: Trial) -> tuple[str, str, int] | None:
     graph = next((r.graph for r in trial.results if r.graph), "")
     last = trial.results[-1]
     return (last.address, graph, last.batch_size) if graph else None
+
+
+def later_epochs_per_slot(spec: JobSpec, scheduler: Scheduler, trials_started: int) -> float:
+    """The epochs that trials not yet started are expected to run, per slot: what a
+    compile paid on a worker now also saves, where every trial builds the same model
+    graph (no model-shaping hyperparameter varies: a worker compiles it once and later
+    trials reuse it, see :class:`OneTimeLedger`); 0 where trials may build other
+    graphs, or none is left to start."""
+    left = spec.search.trials - trials_started
+    if left <= 0 or not one_graph_for_every_trial(spec):
+        return 0.0
+    return left * scheduler.expected_epochs(0) / max(1, spec.search.max_concurrent)
+
+
+def one_graph_for_every_trial(spec: JobSpec) -> bool:
+    """Whether no hyperparameter that shapes the model (anything but a float: sizes,
+    choices, the batch size; see :func:`pipetune.engine.known.job_key`) varies between
+    trials. System knobs set by the space (``system.<knob>``) do not shape it."""
+    for name, dist in spec.hyperparameters.items():
+        if name.startswith(SYSTEM_HPARAM_PREFIX) or isinstance(dist, Uniform | LogUniform):
+            continue
+        if isinstance(dist, Choice):
+            if len({repr(v) for v in dist.values if not isinstance(v, float)}) > 1:
+                return False
+        elif not isinstance(dist, IntUniform) or dist.low != dist.high:
+            return False
+    return True

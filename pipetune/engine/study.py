@@ -40,7 +40,7 @@ from pipetune.engine.events import (
 from pipetune.engine.failures import Broken, FailureCount, traceback_text
 from pipetune.engine.journal import JournalError
 from pipetune.engine.known import job_key, unconfirmed_because
-from pipetune.engine.one_time import OneTimeLedger
+from pipetune.engine.one_time import OneTimeLedger, later_epochs_per_slot
 from pipetune.engine.remember import Remembering
 from pipetune.engine.replay import replayable, store_refused
 from pipetune.engine.trial import StepEvent, Trial
@@ -431,6 +431,7 @@ class Study:
             expected_epochs=self.scheduler.expected_epochs(trial.epochs_run),
             known_one_time=self.one_time.for_next_epoch(trial),
             one_time_price=self.one_time.price(),
+            reuse_epochs=later_epochs_per_slot(self.spec, self.scheduler, len(self.trials)),
             probed_elsewhere=any(
                 task.trial_id != trial_id and task.phase is Phase.PROBE
                 and task.system.one_time_knobs() for task in self._in_flight.values()),
@@ -440,8 +441,7 @@ class Study:
     def _idle_cores_for(self, trial: Trial) -> int | None:
         """All the cores, when ``trial`` is the only one running and no trial is left to
         start (nothing would wait for them), in a study that runs trials side by side
-        (with one at a time, a trial's cores are what its config asks, tail or not);
-        else None."""
+        (one at a time: a trial's cores are what its config asks, tail or not); else None."""
         if self.objective != "time" or self._queue or self.spec.search.max_concurrent < 2:
             return None
         if not (self._searcher_exhausted or len(self.trials) >= self.spec.search.trials):

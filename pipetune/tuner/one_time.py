@@ -88,24 +88,38 @@ def _per_wall_second(history: Sequence[EpochObservation]) -> float:
 
 def unknown_one_time_pays(history: Sequence[EpochObservation], horizon: float,
                           price: OneTimePrice, known_one_time: float | None = None,
-                          ) -> tuple[bool, dict[str, Any]]:
+                          reuse_epochs: float = 0.0) -> tuple[bool, dict[str, Any]]:
     """Whether probing an untried one-time knob is expected to pay within ``horizon``
     epochs (the probe included): the epochs' cost x the share it saves, against what
     it costs once (``known_one_time`` where the trial's worker paid it for this graph
-    before, else ``price``); and the figures weighed. An epoch must follow the probe."""
+    before, else ``price``); and the figures weighed. An epoch must follow the probe.
+
+    A first payment on a worker also serves the later trials there that build the same
+    graph (a compile they reuse): ``reuse_epochs``, the epochs they are expected to run
+    on it, count too where the worker has not paid it yet."""
     epoch = epoch_cost(history)
     if epoch is None:
         return horizon >= MIN_ONE_TIME_HORIZON, {}
+    reuse = 0.0 if known_one_time is not None else max(0.0, float(reuse_epochs))
     if known_one_time is not None:
         once, source = float(known_one_time), "this worker"
     elif price.price is not None:
         once, source = float(price.price), price.source
     else:
         once, source = price.prior_s * _per_wall_second(history), price.source
-    gain = horizon * epoch * price.saving
+    gain = (horizon + reuse) * epoch * price.saving
     figures = {"one_time_price": round(once, 3), "expected_saving": round(gain, 3),
                "saving_share": round(price.saving, 3), "price_from": source}
+    if reuse:
+        figures["later_trials_epochs"] = round(reuse, 2)
     return horizon >= 2 and gain > once, figures
+
+
+def over(horizon: float, kind: str, weighed: Mapping[str, Any]) -> str:
+    """The epochs a saving is expected over, as a decision says them."""
+    later = weighed.get("later_trials_epochs")
+    return (f"{rounded(horizon)} {kind} epoch(s)"
+            + (f" and {later:.3g} of later trials on this worker" if later else ""))
 
 
 def weighed_horizon(epochs_left: int, sure_epochs: int | None, expected_epochs: float | None,
@@ -158,8 +172,8 @@ def not_yet_said(default: SystemConfig, untried: Sequence[SystemConfig], horizon
     kind = "expected" if expected else "sure"
     weighed = weighed or {}
     if "one_time_price" in weighed and horizon >= 2:
-        why_not = (f"saves ~{weighed['expected_saving']:.3g} over {rounded(horizon)} {kind} "
-                   f"epoch(s) at {weighed['saving_share']:.0%} <= {weighed['one_time_price']:.3g}"
+        why_not = (f"saves ~{weighed['expected_saving']:.3g} over {over(horizon, kind, weighed)}"
+                   f" at {weighed['saving_share']:.0%} <= {weighed['one_time_price']:.3g}"
                    f" once ({weighed['price_from']})")
         if probed_elsewhere and weighed["expected_saving"] > weighed["one_time_price"]:
             why_not = "another trial is probing it now"

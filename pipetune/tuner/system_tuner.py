@@ -17,7 +17,7 @@ from pipetune.tuner.one_time import (
     cheap_one_time,
     figures,
     not_yet_said,
-    rounded,
+    over,
     unknown_one_time_pays,
     weigh_reuse,
     weighed_horizon,
@@ -127,6 +127,7 @@ class SystemTuner:
         known_one_time: float | None = None,
         probed_elsewhere: bool = False,
         one_time_price: OneTimePrice | None = None,
+        reuse_epochs: float = 0.0,
     ) -> TuningDecision:
         """The decision for epoch ``len(history) + 1``.
 
@@ -157,12 +158,15 @@ class SystemTuner:
         measured; ``None``: the priors of :mod:`pipetune.tuner.one_time`). It is probed
         when the expected epochs x the trial's epoch cost x that saving is more than that
         price (or than ``known_one_time``), in the objective's units: seconds, not epochs.
+        ``reuse_epochs``: the epochs later trials are expected to run on this trial's
+        worker reusing what it pays once (the same model graph), which a first payment
+        there saves too.
         """
         decision = self._next_epoch(history, epochs_left=epochs_left, match=match,
                                     sure_epochs=sure_epochs, expected_epochs=expected_epochs,
                                     known_one_time=known_one_time,
                                     probed_elsewhere=probed_elsewhere,
-                                    one_time_price=one_time_price)
+                                    one_time_price=one_time_price, reuse_epochs=reuse_epochs)
         if (alone_cores is None or decision.phase is not Phase.TRAIN or not self.enabled
                 or alone_cores <= decision.system.cores or epochs_left <= 0):
             return decision
@@ -212,6 +216,7 @@ class SystemTuner:
         known_one_time: float | None = None,
         probed_elsewhere: bool = False,
         one_time_price: OneTimePrice | None = None,
+        reuse_epochs: float = 0.0,
     ) -> TuningDecision:
         history = checked_history(history)
         price = one_time_price or OneTimePrice()
@@ -240,7 +245,8 @@ class SystemTuner:
         observed = [o.system for o in history]
         untried = [c for c in self._candidates if not self._tried(c, observed)]
         cheap = cheap_one_time(history, known_one_time)
-        pays, once = (unknown_one_time_pays(history, horizon, price, known_one_time)
+        pays, once = (unknown_one_time_pays(history, horizon, price, known_one_time,
+                                            reuse_epochs)
                       if any(c.one_time_knobs() for c in untried) else (False, {}))
         weighed = {**weighed, **once}
         if epochs_left > 0:
@@ -259,8 +265,8 @@ class SystemTuner:
                     reason += " (its one-time cost is paid on this worker already)"
                 elif nxt.one_time_knobs() and once:
                     reason += (f" (saves ~{once['expected_saving']:.3g} over "
-                               f"{rounded(horizon)} epoch(s) > "
-                               f"{once['one_time_price']:.3g} once, {once['price_from']})")
+                               f"{over(horizon, 'expected' if expected_epochs else 'sure', once)}"
+                               f" > {once['one_time_price']:.3g} once, {once['price_from']})")
                 return TuningDecision(nxt, Phase.PROBE, None, None, reason, inputs=weighed)
         not_yet = not_yet_said(self.default, untried, horizon, expected_epochs is not None,
                                 probed_elsewhere, once)
