@@ -5,6 +5,7 @@ compiled and eager, and the refusal of bf16 where the processor lacks it."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -631,42 +632,80 @@ def test_an_untried_compile_is_priced_by_this_study_then_the_ground_truth_then_t
 
     gt = GroundTruth(tmp_path / "gt.json")
     spec = JobSpec.from_dict(one_time_job("priced", max_epochs=4), machine=MACHINE)
-    ledger = OneTimeLedger.for_study(spec, gt, "seconds")
+    ledger = OneTimeLedger.for_study(spec, gt)
     # Nothing measured: the job's stated prior (the built-in one where it states none).
     assert ledger.price() == OneTimePrice(None, 0.8, "prior", prior_s=1.2)
     bare = JobSpec.from_dict(synthetic_job("bare"), machine=MACHINE)
-    assert OneTimeLedger.for_study(bare, gt, "seconds").price() == OneTimePrice(
+    assert OneTimeLedger.for_study(bare, gt).price() == OneTimePrice(
         None, ONE_TIME_SAVING_PRIOR, "prior", prior_s=ONE_TIME_PRICE_PRIOR_S)
-    # Two other jobs compiled on this machine: one paid 30 s first (then 2 s, its cache
-    # warm), 2x faster; the other 10 s, 1.25x. A config without a one-time knob, another
-    # unit or objective, and a record without figures say nothing of compiles.
+    # Two other jobs compiled on this machine. One, a trial at a time (seconds), paid
+    # 30 s first (then 2 s, its cache warm), 2x faster; the other, side by side on 2
+    # cores (core-seconds), 20 core-s = 10 s, 1.25x faster. A config without a one-time
+    # knob, another objective, and a record without figures say nothing of compiles.
     conv, dense = noisy(CONV_JOB, 1), noisy(DENSE_JOB, 2)
+    two_cores = COMPILED.replace(cores=2)
     gt.remember(conv, 32, "time", COMPILED, 0.01, job_key="conv", one_time=30.0,
                 speedup=2.0, cost_unit="seconds")
     gt.remember(conv, 32, "time", COMPILED, 0.01, job_key="conv", one_time=2.0,
                 speedup=2.0, cost_unit="seconds")
-    gt.remember(dense, 32, "time", COMPILED, 0.01, job_key="dense", one_time=10.0,
-                speedup=1.25, cost_unit="seconds")
+    gt.remember(dense, 32, "time", two_cores, 0.01, job_key="dense", one_time=20.0,
+                speedup=1.25, cost_unit="core_seconds")
     gt.remember(dense, 32, "time", DEFAULT.replace(cores=2), 0.01, job_key="dense",
-                one_time=99.0, speedup=1.5, cost_unit="seconds")
-    gt.remember(dense, 32, "time", COMPILED, 0.01, job_key="other-unit", one_time=99.0,
-                speedup=9.0, cost_unit="joules")
+                one_time=99.0, speedup=1.5, cost_unit="core_seconds")
     gt.remember(dense, 32, "energy", COMPILED, 0.01, job_key="energy", one_time=99.0,
                 speedup=9.0, cost_unit="joules")
     gt.remember(dense, 32, "time", COMPILED, 0.01, job_key="bare", cost_unit="seconds")
-    price, saving, jobs = gt.one_time_figures("time", "seconds")
-    assert (price, jobs) == (20.0, 2)                       # median of 30 and 10
+    price, saving, jobs = gt.one_time_figures("time")
+    assert (price, jobs) == (20.0, 2)                       # median of 30 s and 10 s
     # (plain arithmetic: pytest.approx reads numpy, which the store's background fit may
     # be importing right now)
-    assert abs(saving - 0.5) < 1e-9                         # median of 0.5, 0.5, 0.2
-    ledger = OneTimeLedger.for_study(spec, gt, "seconds")
-    price = ledger.price()
+    assert abs(saving - 0.35) < 1e-9                        # median of 0.5 and 0.2
+    price = OneTimeLedger.for_study(spec, gt).price()
     assert (price.price, price.source, price.prior_s) == (20.0, "ground truth, 2 job(s)", 1.2)
-    assert abs(price.saving - 0.5) < 1e-9
-    # This study paid a first compile itself: its own price, the machine's saving.
-    ledger.paid("tcp://w1", "g", 64, ("compile",), 4.0)
+    assert abs(price.saving - 0.35) < 1e-9
+    # Energy: a saving is known, no price in seconds (joules only): the prior's, with it.
+    energy = gt.one_time_figures("energy")
+    assert energy[0] is None and energy[2] == 1
+    # This study paid a first compile itself, 8 core-seconds on 2 cores: its own
+    # price, 4 wall seconds, and the machine's saving.
+    ledger = OneTimeLedger.for_study(spec, gt)
+    ledger.paid("tcp://w1", "g", 64, ("compile",), 8.0, per_wall_s=2.0)
     assert ledger.price().price == 4.0 and ledger.price().source == "this study's 1 first(s)"
-    assert abs(ledger.price().saving - 0.5) < 1e-9
+    assert abs(ledger.price().saving - 0.35) < 1e-9
+
+
+def test_a_price_in_wall_seconds_is_paid_in_the_trials_own_units():
+    tuner = SystemTuner(DEFAULT, {"cores": [2], "compile": [True]}, machine=MACHINE)
+    wide = DEFAULT.replace(cores=2)
+
+    def seen(epoch, phase, system, steady, wall):
+        return EpochObservation(epoch, phase, system, cost=steady, steady=steady,
+                                samples=SAMPLES, wall_steady=wall)
+
+    # Core-seconds: the default's 1 core, 20 s a 1,000-sample epoch; 2 cores are 1.25x
+    # cheaper in core-seconds (16 core-s: 8 s of wall x 2 cores). A compile on top of
+    # them holds 2 cores for its price: 10 wall seconds cost 20 core-seconds.
+    history = [seen(1, "profile", DEFAULT, 0.02, 0.02), seen(2, "probe", wide, 0.016, 0.008)]
+    decision = tuner.next_epoch(history, epochs_left=8, match=None, sure_epochs=8,
+                                one_time_price=OneTimePrice(10.0, 0.2, "measured"))
+    assert decision.inputs["one_time_price"] == 20.0
+    assert decision.inputs["expected_saving"] == pytest.approx(8 * 16 * 0.2)
+    assert decision.system == wide.replace(compile=True)    # 25.6 > 20
+    shorter = tuner.next_epoch(history, epochs_left=6, match=None, sure_epochs=6,
+                               one_time_price=OneTimePrice(10.0, 0.2, "measured"))
+    assert shorter.system == wide                           # 19.2 <= 20
+
+
+def test_a_compile_the_worker_paid_is_probed_even_where_the_machine_saw_no_saving():
+    tuner = SystemTuner(DEFAULT, {"compile": [False, True]}, machine=MACHINE)
+    first = [obs(1, "profile", DEFAULT, 0.01)]
+    none = OneTimePrice(None, 0.0, "ground truth, 3 job(s)")
+    assert tuner.next_epoch(first, epochs_left=5, match=None, sure_epochs=5,
+                            one_time_price=none).system == DEFAULT
+    # Paid on this worker already: probing it costs nothing, and this job may differ.
+    paid = tuner.next_epoch(first, epochs_left=5, match=None, sure_epochs=5,
+                            known_one_time=0.0, one_time_price=none)
+    assert paid.system == COMPILED
 
 
 def test_a_first_compile_on_a_worker_counts_what_later_trials_there_would_save():
@@ -710,12 +749,38 @@ def test_later_trials_count_only_where_every_trial_builds_the_same_graph():
     same = spec(batch_size={"type": "choice", "values": [64]},
                 lr={"type": "choice", "values": [0.01, 0.1]})
     assert one_graph_for_every_trial(same)
-    # 6 trials left, each expected to run 1 + 1/2 + 1/2 + 1/4 + 1/4 + 1/4 ... epochs,
+    # 6 trials left, each expected to run 1/2 + 1/4 + 1/4 + 1/8 + 1/8 = 1.25 epochs
+    # after its profiled first (ASHA by 2's prior: 1/2 past each of rungs 1, 2 and 4),
     # over 2 slots.
-    assert later_epochs_per_slot(same, asha, 2) == pytest.approx(6 * asha.expected_epochs(0) / 2)
-    assert later_epochs_per_slot(same, asha, 8) == 0.0
+    assert later_epochs_per_slot(same, asha, 6) == pytest.approx(6 * 1.25 / 2)
+    assert later_epochs_per_slot(same, asha, 0) == 0.0
     for shaping in ({"batch_size": {"type": "choice", "values": [32, 64]}},
-                    {"hidden": {"type": "int", "low": 8, "high": 32}}):
+                    {"hidden": {"type": "int", "low": 8, "high": 32}},
+                    {"hidden": {"type": "choice", "values": [16.0, 32]}}):
         other = spec(**shaping)
         assert not one_graph_for_every_trial(other)
-        assert later_epochs_per_slot(other, asha, 2) == 0.0
+        assert later_epochs_per_slot(other, asha, 6) == 0.0
+
+    class Unsure(ASHAScheduler):
+        """A scheduler of a user's that cannot say how long a trial runs."""
+
+        def expected_epochs(self, epochs_run):
+            return math.inf
+
+    assert later_epochs_per_slot(same, Unsure(min_epochs=1, max_epochs=6,
+                                              reduction_factor=2), 6) == 0.0
+
+
+def test_a_study_weighs_a_first_compile_with_the_trials_a_grid_has_left(tmp_path):
+    job = one_time_job("grid", max_epochs=4, trials=20)
+    job["hyperparameters"] = {"lr": {"type": "choice", "values": [0.01, 0.05, 0.1]}}
+    job["search"].update(algorithm="grid")
+    study = run_job(tmp_path, job)
+    assert len(study.trials) == 3                      # the grid holds 3, not 20
+    first = study.trials[0].decisions[1]
+    # 2 trials left of the grid (not 19), 3 epochs each after the first, one slot.
+    assert first.inputs["later_trials_epochs"] == 6.0
+    assert first.inputs["price_from"] == "prior"
+    assert "and 6 of later trials on this worker" in first.reason
+    last = study.trials[2].decisions[1]
+    assert "later_trials_epochs" not in last.inputs

@@ -21,6 +21,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,8 +31,10 @@ from pipetune.space import Choice, IntUniform, LogUniform, Uniform
 from pipetune.spec import SYSTEM_HPARAM_PREFIX
 from pipetune.system.config import ONE_TIME_KNOBS
 from pipetune.tuner import ONE_TIME_PRICE_PRIOR_S, ONE_TIME_SAVING_PRIOR, OneTimePrice
+from pipetune.tuner.one_time import per_wall_second
 
 if TYPE_CHECKING:
+    from pipetune.engine.study import Study
     from pipetune.engine.trial import Trial
     from pipetune.groundtruth import GroundTruth
     from pipetune.runner import EpochResult
@@ -46,26 +49,29 @@ Key = tuple[str, str, int, tuple[str, ...]]
 class _Paid:
     first: float
     reuses: list[float] = field(default_factory=list)
+    #: The first in wall seconds (what a wall second of its config cost taken out).
+    first_wall_s: float = 0.0
 
 
 class OneTimeLedger:
     """Per worker, graph, batch size and one-time knobs: the first cost and the reuses.
 
-    ``machine``: what one-time knobs cost once and saved for any job the ground truth
-    holds (:meth:`pipetune.groundtruth.GroundTruth.one_time_figures`), read when first
-    needed and again after this study paid a new first; None: nothing to read."""
+    ``machine``: what one-time knobs cost once (wall seconds) and saved for any job the
+    ground truth holds (:meth:`pipetune.groundtruth.GroundTruth.one_time_figures`), read
+    when first needed and again after this study paid a new first; None: nothing to
+    read."""
 
-    def __init__(self, machine: Callable[[], tuple[float, float, int] | None] | None = None,
+    def __init__(self,
+                 machine: Callable[[], tuple[float | None, float, int] | None] | None = None,
                  prior: OneTimePrice | None = None) -> None:
         self._paid: dict[Key, _Paid] = {}
         self._machine = machine
         #: What is assumed before anything was measured (``pipetune.one_time_*``).
         self.prior = prior or OneTimePrice()
-        self._machine_read: tuple[int, tuple[float, float, int] | None] | None = None
+        self._machine_read: tuple[int, tuple[float | None, float, int] | None] | None = None
 
     @classmethod
-    def for_study(cls, spec: JobSpec, ground_truth: GroundTruth | None,
-                  cost_unit: str) -> OneTimeLedger:
+    def for_study(cls, spec: JobSpec, ground_truth: GroundTruth | None) -> OneTimeLedger:
         """A study's ledger: the machine's figures read from ``ground_truth``, the priors
         from the job's ``pipetune.one_time_price_s`` and ``one_time_saving``."""
         given = spec.pipetune
@@ -76,14 +82,14 @@ class OneTimeLedger:
             else given.one_time_price_s)
         objective = spec.objective.system
         return cls(None if ground_truth is None else
-                   (lambda: ground_truth.one_time_figures(objective, cost_unit)), prior)
+                   (lambda: ground_truth.one_time_figures(objective)), prior)
 
     def price(self) -> OneTimePrice:
         """What an untried one-time knob is expected to cost once and save in this
-        study: the price is the median first this study paid (any worker, any graph of
-        it), else the ground truth's, else the prior; the saving is the ground truth's,
-        else the prior."""
-        firsts = [p.first for p in self._paid.values()]
+        study: the price (wall seconds) is the median first this study paid (any
+        worker, any graph of it), else the ground truth's, else the prior; the saving
+        is the ground truth's, else the prior."""
+        firsts = [p.first_wall_s for p in self._paid.values()]
         if self._machine is not None and (self._machine_read is None
                                           or self._machine_read[0] != len(firsts)):
             self._machine_read = (len(firsts), self._machine())
@@ -93,19 +99,21 @@ class OneTimeLedger:
             return dataclasses.replace(self.prior, price=statistics.median(firsts),
                                        saving=saving,
                                        source=f"this study's {len(firsts)} first(s)")
-        if machine is not None:
+        if machine is not None and machine[0] is not None:
             return dataclasses.replace(self.prior, price=machine[0], saving=saving,
                                        source=f"ground truth, {machine[2]} job(s)")
-        return self.prior
+        return dataclasses.replace(self.prior, saving=saving)
 
     def paid(self, address: str, graph: str, batch_size: int, knobs: tuple[str, ...],
-             one_time: float) -> None:
+             one_time: float, per_wall_s: float = 1.0) -> None:
         """A trial's first epoch under ``knobs`` on ``address`` cost ``one_time`` once (in
-        the objective's units for the whole epoch)."""
+        the objective's units for the whole epoch; ``per_wall_s``: what a wall second
+        of that epoch's config cost in them)."""
         key = (address, graph, int(batch_size), tuple(sorted(knobs)))
         known = self._paid.get(key)
         if known is None:
-            self._paid[key] = _Paid(float(one_time))
+            self._paid[key] = _Paid(float(one_time),
+                                    first_wall_s=float(one_time) / max(per_wall_s, 1e-12))
         else:
             known.reuses.append(float(one_time))
 
@@ -132,7 +140,8 @@ class OneTimeLedger:
             return
         where = graph_of(trial)
         if where is not None:
-            self.paid(*where, knobs, trial.history[-1].one_time)
+            seen = trial.history[-1]
+            self.paid(*where, knobs, seen.one_time, per_wall_second(seen))
 
     def for_next_epoch(self, trial: Trial) -> float | None:
         """What the one-time knobs cost on the worker of the trial's next epoch, where it
@@ -154,16 +163,36 @@ def graph_of(trial: Trial) -> tuple[str, str, int] | None:
     return (last.address, graph, last.batch_size) if graph else None
 
 
-def later_epochs_per_slot(spec: JobSpec, scheduler: Scheduler, trials_started: int) -> float:
-    """The epochs that trials not yet started are expected to run, per slot: what a
-    compile paid on a worker now also saves, where every trial builds the same model
-    graph (no model-shaping hyperparameter varies: a worker compiles it once and later
-    trials reuse it, see :class:`OneTimeLedger`); 0 where trials may build other
-    graphs, or none is left to start."""
-    left = spec.search.trials - trials_started
-    if left <= 0 or not one_graph_for_every_trial(spec):
+def later_epochs_per_slot(spec: JobSpec, scheduler: Scheduler, trials_left: int) -> float:
+    """The epochs after their profiled first that ``trials_left`` trials not yet
+    started are expected to run, per slot: what a compile paid on a worker now also
+    saves, where every trial builds the same model graph (no model-shaping
+    hyperparameter varies: a worker compiles it once and later trials reuse it, see
+    :class:`OneTimeLedger`); 0 where trials may build other graphs, or none is left.
+    Slots are taken as ``search.max_concurrent`` workers sharing the trials evenly."""
+    if trials_left <= 0 or spec.early_stopping.max_epochs < 2 \
+            or not one_graph_for_every_trial(spec):
         return 0.0
-    return left * scheduler.expected_epochs(0) / max(1, spec.search.max_concurrent)
+    try:  # every trial runs its profiled first epoch: what may follow it
+        each = float(scheduler.expected_epochs(0)) - 1.0
+    except (TypeError, ValueError):  # a scheduler of the user's that cannot say
+        return 0.0
+    if not math.isfinite(each):
+        return 0.0
+    each = min(max(each, 0.0), spec.early_stopping.max_epochs - 1)
+    return trials_left * each / max(1, spec.search.max_concurrent)
+
+
+def trials_left(study: Study) -> int:
+    """The trials ``study`` may still start: none once its searcher is exhausted, and no
+    more than a grid holds (``size``) or ``search.trials`` allows."""
+    if study._searcher_exhausted:
+        return 0
+    size = getattr(study.searcher, "size", None)
+    cap = study.spec.search.trials
+    if isinstance(size, int) and not isinstance(size, bool):
+        cap = min(cap, size)
+    return max(0, cap - len(study.trials))
 
 
 def one_graph_for_every_trial(spec: JobSpec) -> bool:
@@ -174,7 +203,8 @@ def one_graph_for_every_trial(spec: JobSpec) -> bool:
         if name.startswith(SYSTEM_HPARAM_PREFIX) or isinstance(dist, Uniform | LogUniform):
             continue
         if isinstance(dist, Choice):
-            if len({repr(v) for v in dist.values if not isinstance(v, float)}) > 1:
+            values = {repr(v) for v in dist.values}
+            if len(values) > 1 and not all(isinstance(v, float) for v in dist.values):
                 return False
         elif not isinstance(dist, IntUniform) or dist.low != dist.high:
             return False

@@ -40,7 +40,7 @@ from pipetune.engine.events import (
 from pipetune.engine.failures import Broken, FailureCount, traceback_text
 from pipetune.engine.journal import JournalError
 from pipetune.engine.known import job_key, unconfirmed_because
-from pipetune.engine.one_time import OneTimeLedger, later_epochs_per_slot
+from pipetune.engine.one_time import OneTimeLedger, later_epochs_per_slot, trials_left
 from pipetune.engine.remember import Remembering
 from pipetune.engine.replay import replayable, store_refused
 from pipetune.engine.trial import StepEvent, Trial
@@ -146,7 +146,7 @@ class Study:
         #: What it writes to the ground truth: the config each trial kept.
         self.remembering = Remembering(ground_truth, spec, study_id, self.costing.unit)
         #: What each worker paid once per graph (a compile), and what an untried one costs.
-        self.one_time = OneTimeLedger.for_study(spec, ground_truth, self.costing.unit)
+        self.one_time = OneTimeLedger.for_study(spec, ground_truth)
 
     def _probe_core_limit(self, spec: JobSpec) -> int | None:
         """When trials run side by side and their defaults already fill the cores, and
@@ -293,7 +293,7 @@ class Study:
             not self._in_flight
             and not self._queue
             and self._active() == 0
-            and (self._searcher_exhausted or len(self.trials) >= self.spec.search.trials)
+            and trials_left(self) == 0     # a grid that gave every point is done too
         )
 
     # -- what came back -------------------------------------------------------------
@@ -431,7 +431,7 @@ class Study:
             expected_epochs=self.scheduler.expected_epochs(trial.epochs_run),
             known_one_time=self.one_time.for_next_epoch(trial),
             one_time_price=self.one_time.price(),
-            reuse_epochs=later_epochs_per_slot(self.spec, self.scheduler, len(self.trials)),
+            reuse_epochs=later_epochs_per_slot(self.spec, self.scheduler, trials_left(self)),
             probed_elsewhere=any(
                 task.trial_id != trial_id and task.phase is Phase.PROBE
                 and task.system.one_time_knobs() for task in self._in_flight.values()),
@@ -444,7 +444,7 @@ class Study:
         (one at a time: a trial's cores are what its config asks, tail or not); else None."""
         if self.objective != "time" or self._queue or self.spec.search.max_concurrent < 2:
             return None
-        if not (self._searcher_exhausted or len(self.trials) >= self.spec.search.trials):
+        if trials_left(self):
             return None
         others = [t for t in self.trials.values()
                   if t.state == TrialState.RUNNING and t.trial_id != trial.trial_id]

@@ -263,42 +263,46 @@ class GroundTruth:
             known_graph=graphs.most_common(1)[0][0],
             cost_unit=units.most_common(1)[0][0] if len(units) == 1 else None)
 
-    def one_time_figures(self, objective: str, cost_unit: str = ""
-                         ) -> tuple[float, float, int] | None:
+    def one_time_figures(self, objective: str) -> tuple[float | None, float, int] | None:
         """What one-time knobs (a compile) cost once and saved for every job the store
         holds, whatever the job: ``(price, saving, jobs)``. ``price`` is the median over
-        jobs of the most a job paid once (its first compile: later trials of a job
-        reuse a warm cache), ``saving`` the median share of an epoch they saved
-        (``1 - 1/speedup``, 0 where they slowed it), ``jobs`` how many jobs that is.
-        Only records of ``objective`` (and of ``cost_unit``, where given) count; None
-        where no record has both figures.
+        jobs of the most a job paid once (its first compile: later trials of a job reuse
+        a warm cache), in wall seconds (``None`` where only joules were recorded);
+        ``saving`` the median over jobs of the share of an epoch they saved
+        (``1 - 1/speedup``, 0 where it slowed the epoch); ``jobs`` how many jobs that
+        is. Only records of ``objective`` count; None where no record has both figures.
+
+        Only configs a trial kept are recorded, so a compile that lost is not here: the
+        figures lean towards compiles that paid.
 
         A job nothing is known of weighs an untried compile with these before it pays
         one (see :class:`pipetune.tuner.OneTimePrice`)."""
-        import json
         import statistics
 
         objective = check_objective(objective)
-        most: dict[str, float] = {}
-        savings: list[float] = []
+        walls: dict[str, float] = {}
+        savings: dict[str, list[float]] = {}
         for rec in self._store.read():
             if (rec.get("objective") != objective or rec.get("one_time") is None
-                    or rec.get("speedup") is None
-                    or (cost_unit and rec.get("cost_unit", cost_unit) != cost_unit)):
+                    or rec.get("speedup") is None):
                 continue
-            config = rec.get("config") or {}
-            if isinstance(config, str):
-                config = json.loads(config)
-            if not SystemConfig.from_dict(config).one_time_knobs():
+            config = SystemConfig.from_dict(rec["config"])
+            if not config.one_time_knobs():
                 continue
             job = str(rec.get("job_key") or rec.get("job") or "")
-            most[job] = max(most.get(job, 0.0), float(rec["one_time"]))
             speedup = float(rec["speedup"])
-            savings.append(max(0.0, 1.0 - 1.0 / speedup) if speedup > 0 else 0.0)
-        if not most:
+            savings.setdefault(job, []).append(max(0.0, 1.0 - 1.0 / speedup)
+                                               if speedup > 0 else 0.0)
+            # Core-seconds are wall seconds x the cores the config reserved.
+            per_wall = {"seconds": 1.0, "core_seconds": float(max(1, config.cores))}.get(
+                rec.get("cost_unit", ""))
+            if per_wall is not None:
+                walls[job] = max(walls.get(job, 0.0), float(rec["one_time"]) / per_wall)
+        if not savings:
             return None
-        return float(statistics.median(most.values())), float(statistics.median(savings)), \
-            len(most)
+        price = float(statistics.median(walls.values())) if walls else None
+        saving = float(statistics.median(statistics.median(v) for v in savings.values()))
+        return price, saving, len(savings)
 
     def entries(self) -> list[GroundTruthEntry]:
         """Every (cluster, bucket, objective) with its best config, sorted by those keys."""

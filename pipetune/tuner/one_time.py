@@ -57,10 +57,10 @@ ONE_TIME_SAVING_PRIOR = 0.2
 class OneTimePrice:
     """What an untried one-time knob is expected to cost once and save.
 
-    ``price``: the one-time cost of the whole epoch that pays it, in the objective's
-    units (``None``: ``prior_s`` wall seconds, turned into the trial's units by its own
-    epochs); ``saving``: the share of each later epoch's cost it saves; ``source``:
-    where the figures come from, as a decision says it.
+    ``price``: what it costs once, in wall seconds (``None``: ``prior_s``), turned into
+    the objective's units by what a wall second of the config it would run on costs
+    (its cores, or its watts); ``saving``: the share of each later epoch's cost it
+    saves; ``source``: where the figures come from, as a decision says it.
     """
 
     price: float | None = None
@@ -77,13 +77,19 @@ def epoch_cost(history: Sequence[EpochObservation]) -> float | None:
     return min(steady) * samples if samples and steady else None
 
 
-def _per_wall_second(history: Sequence[EpochObservation]) -> float:
-    """The objective's units a wall second of the trial's default costs: its cores
-    (core-seconds) or its power (joules); 1 where no wall time was measured."""
-    for o in history:
-        if o.wall_steady and o.wall_steady > 0 and math.isfinite(o.steady_cost):
-            return o.steady_cost / o.wall_steady
+def per_wall_second(observation: EpochObservation) -> float:
+    """The objective's units a wall second of ``observation``'s config cost: its cores
+    (core-seconds), 1 (seconds) or its power (joules); 1 where no wall time was
+    measured."""
+    wall = observation.wall_steady
+    if wall and wall > 0 and math.isfinite(observation.steady_cost):
+        return observation.steady_cost / wall
     return 1.0
+
+
+def _best(history: Sequence[EpochObservation]) -> EpochObservation:
+    """The observation of the cheapest steady cost: the config a one-time knob goes on."""
+    return min(history, key=lambda o: (not math.isfinite(o.steady_cost), o.steady_cost))
 
 
 def unknown_one_time_pays(history: Sequence[EpochObservation], horizon: float,
@@ -100,13 +106,13 @@ def unknown_one_time_pays(history: Sequence[EpochObservation], horizon: float,
     epoch = epoch_cost(history)
     if epoch is None:
         return horizon >= MIN_ONE_TIME_HORIZON, {}
-    reuse = 0.0 if known_one_time is not None else max(0.0, float(reuse_epochs))
+    reuse = float(reuse_epochs) if known_one_time is None else 0.0
+    reuse = reuse if math.isfinite(reuse) and reuse > 0 else 0.0
     if known_one_time is not None:
         once, source = float(known_one_time), "this worker"
-    elif price.price is not None:
-        once, source = float(price.price), price.source
     else:
-        once, source = price.prior_s * _per_wall_second(history), price.source
+        wall_s = price.prior_s if price.price is None else price.price
+        once, source = wall_s * per_wall_second(_best(history)), price.source
     gain = (horizon + reuse) * epoch * price.saving
     figures = {"one_time_price": round(once, 3), "expected_saving": round(gain, 3),
                "saving_share": round(price.saving, 3), "price_from": source}
@@ -163,9 +169,9 @@ def cheap_one_time(history: Sequence[EpochObservation],
 
 def not_yet_said(default: SystemConfig, untried: Sequence[SystemConfig], horizon: float,
                  expected: bool, probed_elsewhere: bool,
-                 weighed: Mapping[str, Any] | None = None) -> str:
+                 weighed: Mapping[str, Any] | None = None, pays: bool = False) -> str:
     """What a decision says of the one-time knobs it left unprobed, and why
-    (``weighed``: the figures :func:`unknown_one_time_pays` weighed)."""
+    (``weighed``, ``pays``: what :func:`unknown_one_time_pays` weighed and answered)."""
     deferred = [c for c in untried if c.one_time_knobs()]
     if not deferred:
         return ""
@@ -175,7 +181,7 @@ def not_yet_said(default: SystemConfig, untried: Sequence[SystemConfig], horizon
         why_not = (f"saves ~{weighed['expected_saving']:.3g} over {over(horizon, kind, weighed)}"
                    f" at {weighed['saving_share']:.0%} <= {weighed['one_time_price']:.3g}"
                    f" once ({weighed['price_from']})")
-        if probed_elsewhere and weighed["expected_saving"] > weighed["one_time_price"]:
+        if probed_elsewhere and pays:
             why_not = "another trial is probing it now"
     elif probed_elsewhere and horizon >= MIN_ONE_TIME_HORIZON:
         why_not = "another trial is probing it now"
@@ -210,7 +216,8 @@ def weigh_reuse(default: SystemConfig, history: list[EpochObservation], config: 
                 match: GroundTruthMatch, horizon: float, why: str,
                 weighed: Mapping[str, Any] | None = None,
                 known_one_time: float | None = None,
-                price: OneTimePrice | None = None) -> TuningDecision:
+                price: OneTimePrice | None = None,
+                reuse_epochs: float = 0.0) -> TuningDecision:
     """Train under the ground truth's ``config``, its one-time knobs only where they
     are earned back within ``horizon`` (expected, else sure) epochs. The trial first
     measures its own steady rate under ``config`` without them (unless it has), then
@@ -251,12 +258,12 @@ def weigh_reuse(default: SystemConfig, history: list[EpochObservation], config: 
                               "speedup": match.speedup}
     if one_time is None or match.speedup is None or not math.isfinite(base_steady):
         pays, unknown = unknown_one_time_pays(history, horizon, price or OneTimePrice(),
-                                              known_one_time)
+                                              known_one_time, reuse_epochs)
         inputs.update(unknown)
         detail = (f"no one-time figures recorded; {rounded(horizon)} {kind} epoch(s) "
                   f"{'>=' if pays else '<'} {MIN_ONE_TIME_HORIZON}" if not unknown else
                   f"no one-time figures recorded; saves ~{unknown['expected_saving']:.3g} "
-                  f"over {rounded(horizon)} {kind} epoch(s) {'>' if pays else '<='} "
+                  f"over {over(horizon, kind, unknown)} {'>' if pays else '<='} "
                   f"{unknown['one_time_price']:.3g} once ({unknown['price_from']})")
     else:
         speedup = max(match.speedup, 1e-9)

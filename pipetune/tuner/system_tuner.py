@@ -235,7 +235,7 @@ class SystemTuner:
         if hit_config is not None:
             assert match is not None
             return weigh_reuse(self.default, history, hit_config, match, horizon, why,
-                               weighed, known_one_time, price)
+                               weighed, known_one_time, price, reuse_epochs)
 
         later = history[1:]
         probed = [o for o in later if o.phase is Phase.PROBE]
@@ -251,7 +251,7 @@ class SystemTuner:
         weighed = {**weighed, **once}
         if epochs_left > 0:
             fits = [c for c in untried if not c.one_time_knobs()
-                    or (pays and (cheap or not probed_elsewhere))]
+                    or (cheap and horizon >= 2) or (pays and not probed_elsewhere)]
             if trained:  # only a one-time knob deferred for a short horizon is left
                 fits = [c for c in fits if c.one_time_knobs()]
             if fits:
@@ -264,12 +264,13 @@ class SystemTuner:
                 if nxt.one_time_knobs() and cheap:
                     reason += " (its one-time cost is paid on this worker already)"
                 elif nxt.one_time_knobs() and once:
+                    kind = "sure" if expected_epochs is None else "expected"
                     reason += (f" (saves ~{once['expected_saving']:.3g} over "
-                               f"{over(horizon, 'expected' if expected_epochs else 'sure', once)}"
-                               f" > {once['one_time_price']:.3g} once, {once['price_from']})")
+                               f"{over(horizon, kind, once)} > "
+                               f"{once['one_time_price']:.3g} once, {once['price_from']})")
                 return TuningDecision(nxt, Phase.PROBE, None, None, reason, inputs=weighed)
         not_yet = not_yet_said(self.default, untried, horizon, expected_epochs is not None,
-                                probed_elsewhere, once)
+                                probed_elsewhere, once, pays)
 
         best = self.best_observed(history)
         if best is None:
