@@ -3,6 +3,7 @@ real (tiny) training, MLflow on SQLite, checkpoints on disk."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -119,6 +120,9 @@ def test_study_records_parent_and_trial_runs_in_mlflow(cold, store):
     assert cold["probe_epochs"] == 2
     assert first.data.tags["epoch.002.system"] == "cores=1 interop=2 workers=0"
     assert first.data.tags["epoch.003.system"] == "cores=1 interop=1 workers=1"
+    # What the probe's decision weighed, as figures: the epochs the trial had left.
+    assert json.loads(first.data.tags["epoch.002.weighed"]) == {"expected_epochs": 2,
+                                                                "sure_epochs": 2}
     # It settled on what the tuner's rule picks from the costs it recorded (which of
     # the three wins is the machine's call: on a busy 2-core runner the default can).
     costs = {m.step: m.value for m in

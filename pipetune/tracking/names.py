@@ -6,6 +6,7 @@ milliseconds as MLflow keeps them."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from typing import TYPE_CHECKING, Any
@@ -147,8 +148,11 @@ def epoch_writes(objective: str, trial: Trial, result: EpochResult) -> tuple[Met
         ("counters_source", m.counters_source),
     ]
     if len(trial.decisions) >= result.epoch:  # why this epoch ran under its config
-        reason = trial.decisions[result.epoch - 1].reason
-        tags.append((f"epoch.{result.epoch:03d}.decision", reason[:5000]))
+        decision = trial.decisions[result.epoch - 1]
+        tags.append((f"epoch.{result.epoch:03d}.decision", decision.reason[:5000]))
+        if decision.inputs:  # the figures it weighed (a compile's price, the epochs ...)
+            tags.append((f"epoch.{result.epoch:03d}.weighed", json.dumps(
+                dict(decision.inputs), sort_keys=True, default=str)[:5000]))
     return metrics, tags
 
 
