@@ -167,6 +167,21 @@ def cheap_one_time(history: Sequence[EpochObservation],
     return math.isfinite(epoch) and known_one_time <= CHEAP_ONE_TIME_SHARE * epoch
 
 
+def probe_said(config: SystemConfig, cheap: bool, weighed: Mapping[str, Any], horizon: float,
+               expected: bool) -> str:
+    """What a probe of ``config`` says of its one-time knobs: paid on this worker
+    already (``cheap``), or the figures that made it pay (``weighed``)."""
+    if not config.one_time_knobs():
+        return ""
+    if cheap:
+        return " (its one-time cost is paid on this worker already)"
+    if "one_time_price" not in weighed:
+        return ""
+    kind = "expected" if expected else "sure"
+    return (f" (saves ~{weighed['expected_saving']:.3g} over {over(horizon, kind, weighed)} > "
+            f"{weighed['one_time_price']:.3g} once, {weighed['price_from']})")
+
+
 def not_yet_said(default: SystemConfig, untried: Sequence[SystemConfig], horizon: float,
                  expected: bool, probed_elsewhere: bool,
                  weighed: Mapping[str, Any] | None = None, pays: bool = False) -> str:

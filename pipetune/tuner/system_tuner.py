@@ -17,7 +17,7 @@ from pipetune.tuner.one_time import (
     cheap_one_time,
     figures,
     not_yet_said,
-    over,
+    probe_said,
     unknown_one_time_pays,
     weigh_reuse,
     weighed_horizon,
@@ -245,8 +245,7 @@ class SystemTuner:
         observed = [o.system for o in history]
         untried = [c for c in self._candidates if not self._tried(c, observed)]
         cheap = cheap_one_time(history, known_one_time)
-        pays, once = (unknown_one_time_pays(history, horizon, price, known_one_time,
-                                            reuse_epochs)
+        pays, once = (unknown_one_time_pays(history, horizon, price, known_one_time, reuse_epochs)
                       if any(c.one_time_knobs() for c in untried) else (False, {}))
         weighed = {**weighed, **once}
         if epochs_left > 0:
@@ -261,13 +260,7 @@ class SystemTuner:
                 reason = f"probe {n}/{total}: {describe_change(self.default, nxt)}"
                 if n == 1:
                     reason += f" ({why})"
-                if nxt.one_time_knobs() and cheap:
-                    reason += " (its one-time cost is paid on this worker already)"
-                elif nxt.one_time_knobs() and once:
-                    kind = "sure" if expected_epochs is None else "expected"
-                    reason += (f" (saves ~{once['expected_saving']:.3g} over "
-                               f"{over(horizon, kind, once)} > "
-                               f"{once['one_time_price']:.3g} once, {once['price_from']})")
+                reason += probe_said(nxt, cheap, once, horizon, expected_epochs is not None)
                 return TuningDecision(nxt, Phase.PROBE, None, None, reason, inputs=weighed)
         not_yet = not_yet_said(self.default, untried, horizon, expected_epochs is not None,
                                 probed_elsewhere, once, pays)
