@@ -30,6 +30,12 @@ def _check_options(args: argparse.Namespace) -> None:
     if args.dask_address:
         check_scheduler_address(args.dask_address, allow_insecure=args.allow_insecure_dask)
         client_security()  # a half-set or missing TLS file is refused now, by name
+    if args.dask_address and (args.workers or args.cores_per_worker):
+        raise SpecError("--workers", "sizes the embedded cluster: not with --dask-address "
+                        "(size that cluster's workers where it is started)")
+    from pipetune.dask.cluster import size_embedded_cluster
+
+    size_embedded_cluster(args.workers, args.cores_per_worker)
     if args.tracking_uri and not re.match(r"^(sqlite|file|https?|postgresql|mysql|databricks)",
                                           args.tracking_uri):
         raise SpecError(
@@ -81,7 +87,7 @@ def _run_tune(args: argparse.Namespace) -> int:
     # study, whose first epoch goes out before Prefect or MLflow answer. The Prefect
     # server's boot, the flow run and the MLflow run come up beside the training.
     warm = _attach_service(args)
-    if not args.dask_address and warm is None:
+    if not args.dask_address and (warm is None or args.workers or args.cores_per_worker):
         from pipetune.dask.cluster import launch_forkserver
 
         launch_forkserver()
@@ -365,6 +371,14 @@ def add_tune(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="STUDY_ID",
                    help="finish a stopped or crashed study of this job: the newest unfinished "
                    "one, or the one with this study id or Prefect flow run id")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="size the embedded cluster: N worker processes, one slot (one epoch "
+                   "at a time) each (default: one per core); not with --dask-address")
+    p.add_argument("--cores-per-worker", type=int, default=None, metavar="C",
+                   help="cores each embedded worker offers its epoch (default: the machine's "
+                   "cores over --workers, at least 1); the system space is judged by one "
+                   "worker's cores, and N x C may exceed the machine's: epochs that sleep or "
+                   "wait use none")
     p.add_argument("--keep-warm", type=float, default=None, metavar="SECONDS",
                    help="with no PREFECT_API_URL and no Dask address: keep the local Prefect "
                    "server and Dask cluster running this long after the last command, for "

@@ -83,7 +83,10 @@ class BackgroundStartup:
         self.marks.mark("job checked")
         self.spec = spec
         self.tracking_uri = args.tracking_uri or default_tracking_uri()
-        self.core_budget = None
+        from pipetune.dask.cluster import embedded_size
+        from pipetune.system.config import MachineInfo
+
+        self.core_budget = embedded_size().core_budget(MachineInfo.detect().cores)
         if args.dask_address:
             from pipetune.dask.cluster import cluster_core_budget
 
@@ -96,7 +99,9 @@ class BackgroundStartup:
     def start_cluster(self) -> None:
         if self.args.dask_address:
             return
-        if self.warm is not None and self._use_warm_cluster():
+        from pipetune.dask.cluster import embedded_size
+
+        if self.warm is not None and not embedded_size().sized and self._use_warm_cluster():
             return
         from pipetune.dask.cluster import shared_cluster
 

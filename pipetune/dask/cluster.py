@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import os
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from pipetune.dask.cores import worker_cores
@@ -42,18 +43,81 @@ WORKER_ENV = ("PREFECT_API_URL", "PREFECT_HOME", "PIPETUNE_HOME", "MLFLOW_DISABL
               "PREFECT_LOGGING_LEVEL", "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "PYTHONPATH")
 
 
-def embedded_cluster_kwargs(workers: int | None = None) -> dict:
-    """A LocalCluster sized to this machine: process workers, one thread each.
+@dataclass(frozen=True)
+class EmbeddedSize:
+    """How the user sized the embedded cluster (``pipetune tune --workers N
+    --cores-per-worker C``): N worker processes, each one slot (a place for one epoch)
+    advertising C cores. Unsized (both None): one worker per core, each advertising
+    the machine's cores."""
 
-    Every worker advertises the machine's cores as its ``cores`` resource, so any
-    epoch fits any worker; the study engine admits epochs only while the cores their
+    workers: int | None = None
+    cores_per_worker: int | None = None
+
+    @property
+    def sized(self) -> bool:
+        return self.workers is not None or self.cores_per_worker is not None
+
+    def resolve(self, machine_cores: int) -> tuple[int, int]:
+        """``(workers, cores each advertises)`` on a machine of ``machine_cores``."""
+        if not self.sized:
+            return max(1, machine_cores), machine_cores
+        cores = self.cores_per_worker or max(1, machine_cores // (self.workers or 1))
+        return (self.workers or max(1, machine_cores // cores)), cores
+
+    def core_budget(self, machine_cores: int) -> int | None:
+        """The cores the engine may hand out at once: every slot's, when sized (a slot
+        may claim more cores than the machine has: sleeping or waiting epochs use none);
+        None (the machine's) otherwise."""
+        if not self.sized:
+            return None
+        workers, cores = self.resolve(machine_cores)
+        return workers * cores
+
+
+#: The embedded cluster's size in this process (:func:`size_embedded_cluster`).
+_size = EmbeddedSize()
+
+
+def size_embedded_cluster(workers: int | None, cores_per_worker: int | None) -> EmbeddedSize:
+    """Size the embedded cluster this process starts; refused (exit 2, naming the
+    option) below 1. Call before the cluster starts."""
+    global _size
+    for option, value in (("--workers", workers), ("--cores-per-worker", cores_per_worker)):
+        if value is not None and not 1 <= value <= MAX_EMBEDDED_WORKERS:
+            raise PipetuneError(f"{option}: must be between 1 and {MAX_EMBEDDED_WORKERS}, "
+                             f"got {value}")
+    _size = EmbeddedSize(workers, cores_per_worker)
+    return _size
+
+
+def embedded_size() -> EmbeddedSize:
+    return _size
+
+
+#: The most worker processes (or cores a worker advertises) the embedded cluster takes.
+MAX_EMBEDDED_WORKERS = 1024
+
+
+def embedded_cluster_kwargs(workers: int | None = None) -> dict:
+    """A LocalCluster sized to this machine, or as the user sized it
+    (:func:`size_embedded_cluster`): process workers, one thread (one slot) each.
+
+    Unsized, every worker advertises the machine's cores as its ``cores`` resource, so
+    any epoch fits any worker; the study engine admits epochs only while the cores their
     configs reserve fit in the machine (Dask resources are per worker, so it cannot
-    hold a machine-wide budget across several workers by itself). Workers are not
-    daemonic, so an epoch may start DataLoader worker processes.
+    hold a machine-wide budget across several workers by itself). Sized, each worker
+    advertises ``--cores-per-worker``, the engine's budget is every worker's, and the
+    system space is judged by one worker's cores. Workers are not daemonic, so an epoch
+    may start DataLoader worker processes.
     """
     import dask
 
-    cores = MachineInfo.detect().cores
+    machine_cores = MachineInfo.detect().cores
+    sized_workers, cores = _size.resolve(machine_cores)
+    if workers is None:
+        workers = sized_workers
+    elif not _size.sized:
+        workers = min(workers, machine_cores)
     env = {k: os.environ[k] for k in WORKER_ENV if k in os.environ}
     dask.config.set({
         "distributed.worker.daemon": False,
@@ -70,7 +134,7 @@ def embedded_cluster_kwargs(workers: int | None = None) -> dict:
     env["DASK_DISTRIBUTED__WORKER__DAEMON"] = "False"
     policy = os.environ.get("OMP_WAIT_POLICY", WORKER_PROCESS_ENV["OMP_WAIT_POLICY"]).lower()
     return {
-        "n_workers": max(1, min(workers or cores, cores)),
+        "n_workers": max(1, workers),
         "threads_per_worker": 1,
         "processes": True,
         "resources": {"cores": cores, process_resource("omp_wait_policy", policy): 1},
@@ -341,7 +405,8 @@ def check_cluster_fits(client: Any, spec: Any, *, embedded: bool = False) -> tup
         return None, spec, ()
     machine = dataclasses.replace(MachineInfo.detect(), cores=largest)
     cores = f"{largest} core" if largest == 1 else f"{largest} cores"
-    note = (f"this machine has {cores}" if embedded
+    note = (f"each embedded worker offers {cores} (--cores-per-worker)"
+            if embedded and _size.sized else f"this machine has {cores}" if embedded
             else f"the cluster's largest worker advertises {cores}")
     fitted, drops = spec.fit(machine, cores_note=note)
     return machine, fitted, drops

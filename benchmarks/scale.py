@@ -1,0 +1,230 @@
+"""Scale: Ray Tune's release-test shapes on this machine, whole process, start-up included.
+
+Two shapes, after ``release/tune_tests/scalability_tests/`` in ray-project/ray:
+
+* ``bookkeeping``: T trials of one 1 s epoch (the ``synthetic`` workload sleeping,
+  PipeTune on, so that epoch is each trial's profiled first epoch) on S slots
+  (``pipetune tune --workers S --cores-per-worker 1``); the minimum is T x 1 s / S.
+* ``throughput``: C trials at once, each reporting an epoch every second for E epochs
+  (default 60); the ideal rate is C results per second, the minimum E seconds.
+
+Each run is one ``pipetune tune`` in a folder of its own (its own MLflow SQLite file,
+Prefect home and pipetune home: the embedded default, nothing kept warm), after a
+2-trial warm-up study there (a machine that ran pipetune before: stores created and
+migrated), timed from before the process starts to after it exits. Afterwards the
+record is checked: every trial has exactly one MLflow run, with one ``train_loss`` per
+epoch, and exactly one Prefect task run per epoch, in its final state. ``--peer ray``
+runs the same shape under Ray Tune (the ``peers`` extra) in the same invocation, after
+pipetune's.
+
+    python benchmarks/scale.py bookkeeping --trials 1000 --slots 16 [--peer ray]
+    python benchmarks/scale.py throughput --trials 16 --epochs 60
+
+The last line is ``ratio R`` (pipetune's whole process over the minimum); ``--json
+FILE`` keeps every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def job(name: str, trials: int, slots: int, epochs: int) -> dict:
+    return {
+        "name": name,
+        "workload": {"name": "synthetic",
+                     "params": {"base_seconds": 1.0, "train_samples": 16, "val_samples": 16}},
+        "hyperparameters": {"lr": {"type": "loguniform", "low": 0.01, "high": 0.1}},
+        "search": {"algorithm": "random", "trials": trials, "seed": 0, "max_concurrent": slots},
+        "early_stopping": {"policy": "none", "max_epochs": epochs},
+    }
+
+
+def _env(folder: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PREFECT_", "MLFLOW_", "PIPETUNE_"))}
+    env.update(PIPETUNE_HOME=str(folder / "home"), PREFECT_HOME=str(folder / "prefect"),
+               PIPETUNE_KEEP_WARM_S="0", MLFLOW_DISABLE_TELEMETRY="true",
+               PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120",
+               PYTHONPATH=str(ROOT))
+    return env
+
+
+def _tune(folder: Path, spec: dict, slots: int) -> tuple[str, float]:
+    path = folder / f"{spec['name']}.json"
+    path.write_text(json.dumps(spec))
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "pipetune", "tune", str(path), "--workers", str(slots),
+         "--cores-per-worker", "1"],
+        cwd=folder, env=_env(folder), capture_output=True, text=True, timeout=7200)
+    whole = time.monotonic() - started
+    if done.returncode != 0:
+        raise SystemExit(f"pipetune tune exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return done.stdout, whole
+
+
+def run_pipetune(folder: Path, spec: dict, slots: int) -> dict:
+    """A warm-up study first (2 trials: the Prefect database and the MLflow store are
+    created and migrated, as on any machine that ran pipetune before), then the
+    measured one, in the same folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    warm_up = {**spec, "name": "warm-up", "search": {**spec["search"], "trials": 2}}
+    _tune(folder, warm_up, slots)
+    out, whole = _tune(folder, spec, slots)
+    marks = dict((k.strip(), float(v)) for k, v in re.findall(
+        r"([a-zA-Z -]+?) (\d+\.\d+)(?:,|$)", out.rsplit("start-up (s from process start):",
+                                                      1)[-1].splitlines()[0]))
+    tuning = float(re.search(r"tuning wall time ([\d.]+) s", out).group(1))
+    busy = re.search(r"slots busy (\d+)%", out)
+    return {"whole_s": whole, "tuning_s": tuning, "marks": marks,
+            "slots_busy": int(busy.group(1)) / 100 if busy else None,
+            "records": records(folder, spec)}
+
+
+def records(folder: Path, spec: dict) -> dict:
+    """What the study's record holds, checked: one MLflow run per trial, each with one
+    ``train_loss`` per epoch; one Prefect task run per epoch, each in a final state."""
+    from mlflow.tracking import MlflowClient
+
+    trials, epochs = spec["search"]["trials"], spec["early_stopping"]["max_epochs"]
+    study = max((folder / "home" / "studies").glob(f"{spec['name']}-*"),
+                key=lambda p: p.stat().st_mtime).name
+    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("pipetune")
+    runs = client.search_runs(
+        [exp.experiment_id],
+        f"tags.`pipetune.kind` = 'trial' and tags.`pipetune.study_id` = '{study}'",
+        max_results=50_000)
+    ids = [r.data.tags.get("pipetune.trial_id") for r in runs]
+    db = sqlite3.connect(folder / "mlflow.db")
+    steps = db.execute(
+        "SELECT run_uuid, COUNT(*), COUNT(DISTINCT step) FROM metrics "
+        "WHERE key = 'train_loss' GROUP BY run_uuid").fetchall()
+    once = {run for run, n, distinct in steps if n == distinct == epochs}
+    prefect = sqlite3.connect(folder / "prefect" / "prefect.db")
+    names = prefect.execute(
+        "SELECT t.name, COUNT(*), SUM(t.state_type = 'COMPLETED') FROM task_run t "
+        "JOIN flow_run f ON t.flow_run_id = f.id WHERE f.name = ? "
+        "AND t.name LIKE 'trial-%-epoch-%' GROUP BY t.name", (study,)).fetchall()
+    return {
+        "mlflow_trial_runs": len(runs), "mlflow_distinct_trials": len(set(ids)),
+        "mlflow_metrics_once": sum(1 for r in runs if r.info.run_id in once),
+        "mlflow_finished": sum(1 for r in runs if r.info.status == "FINISHED"),
+        "prefect_epoch_task_runs": sum(n for _, n, _ in names),
+        "prefect_distinct_epochs": len(names),
+        "prefect_completed": sum(c or 0 for _, _, c in names),
+        "complete": (len(runs) == len(set(ids)) == trials
+                     and sum(1 for r in runs if r.info.run_id in once) == trials
+                     and sum(n for _, n, _ in names) == len(names) == trials * epochs),
+    }
+
+
+RAY_SCRIPT = r"""
+import json, sys, time
+from ray import tune
+import ray
+trials, slots, epochs = map(int, sys.argv[1:4])
+ray.init(num_cpus=slots, include_dashboard=False, log_to_driver=False,
+         _temp_dir=sys.argv[4])
+def trainable(config):
+    for epoch in range(epochs):
+        time.sleep(1.0)
+        tune.report({"loss": config["lr"] / (epoch + 1)})
+tuner = tune.Tuner(tune.with_resources(trainable, {"cpu": 1}),
+                   param_space={"lr": tune.loguniform(0.01, 0.1)},
+                   tune_config=tune.TuneConfig(num_samples=trials, max_concurrent_trials=slots,
+                                               metric="loss", mode="min"),
+                   run_config=tune.RunConfig(storage_path=sys.argv[5], verbose=0))
+results = tuner.fit()
+print(json.dumps({"trials": len(results),
+                  "reported": sum(len(r.metrics_dataframe) for r in results
+                                  if r.metrics_dataframe is not None)}))
+"""
+
+
+def run_ray(folder: Path, trials: int, slots: int, epochs: int) -> dict | None:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        print("ray-tune: skipped (pip install 'pipetune[peers]')", flush=True)
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", RAY_SCRIPT, str(trials), str(slots),
+                           str(epochs), temp, str(folder / "results")],
+                          capture_output=True, text=True, timeout=14400)
+    whole = time.monotonic() - started
+    if done.returncode != 0:
+        raise SystemExit(f"ray tune exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return {"whole_s": whole, **json.loads(done.stdout.strip().splitlines()[-1])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("shape", choices=("bookkeeping", "throughput"))
+    ap.add_argument("--trials", type=int, default=None,
+                    help="bookkeeping: trials (default 1000); throughput: trials at once (16)")
+    ap.add_argument("--slots", type=int, default=None,
+                    help="worker slots (bookkeeping default 16; throughput: --trials)")
+    ap.add_argument("--epochs", type=int, default=60, help="throughput: epochs per trial")
+    ap.add_argument("--peer", choices=("ray",), action="append", default=[])
+    ap.add_argument("--json", default=None, help="write every figure here")
+    ap.add_argument("--keep", action="store_true", help="keep the run folders")
+    args = ap.parse_args(argv)
+    if args.shape == "bookkeeping":
+        trials, epochs = args.trials or 1000, 1
+        slots = args.slots or 16
+    else:
+        trials, epochs = args.trials or 16, args.epochs
+        slots = args.slots or trials
+    minimum = -(-trials // slots) * epochs * 1.0
+    work = Path(tempfile.mkdtemp(prefix="pt-scale-"))
+    out = {"shape": args.shape, "trials": trials, "slots": slots, "epochs": epochs,
+           "minimum_s": minimum, "cores": os.cpu_count(), "folder": str(work)}
+    ours = run_pipetune(work / "pipetune", job("scale", trials, slots, epochs), slots)
+    out["pipetune"] = ours
+    ours["ratio"] = ours["whole_s"] / minimum
+    ended = ours["marks"].get("study done")
+    flow = ours["marks"].get("flow ended")
+    ours["record_behind_s"] = (flow - ended) if ended is not None and flow else None
+    ours["results_per_s"] = trials * epochs / ours["tuning_s"]
+    print(json.dumps({"pipetune": ours}), flush=True)
+    if "ray" in args.peer:
+        peer = run_ray(work / "ray", trials, slots, epochs)
+        if peer is not None:
+            peer["ratio"] = peer["whole_s"] / minimum
+            out["ray-tune"] = peer
+            print(json.dumps({"ray-tune": peer}), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    rec = ours["records"]
+    print(f"{args.shape}: {trials} trials x {epochs} epoch(s) of 1 s on {slots} slots, "
+          f"minimum {minimum:.1f} s; pipetune whole {ours['whole_s']:.1f} s, tuning "
+          f"{ours['tuning_s']:.1f} s, slots busy {ours['slots_busy']}, record "
+          f"{'complete, once' if rec['complete'] else 'INCOMPLETE: ' + json.dumps(rec)}"
+          + (f"; ray-tune whole {out['ray-tune']['whole_s']:.1f} s "
+             f"(ratio {out['ray-tune']['ratio']:.2f})" if "ray-tune" in out else ""))
+    if not args.keep:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"ratio {ours['ratio']:.3f}")
+    return 0 if rec["complete"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
