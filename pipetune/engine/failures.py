@@ -49,10 +49,13 @@ class FailureCount:
         #: (:class:`~pipetune.errors.CheckpointWriteError`), since the last epoch that
         #: finished (whose checkpoint the store took).
         self.store_refusals = 0
+        #: Epochs finished in this run of the study (replayed ones included).
+        self.epochs_finished = 0
 
     def epoch_finished(self) -> None:
         """An epoch finished, and the store took its checkpoint."""
         self.store_refusals = 0
+        self.epochs_finished += 1
 
     def count(self, trial: Trial, failure: EpochFailure, *,
               any_epoch_finished: bool) -> Broken | None:

@@ -139,6 +139,7 @@ class Study:
         #: Set when trials kept failing the same way before any epoch finished
         #: (``search.stop_after_failures``): nothing more is started, the study ends.
         self.broken: Broken | None = None
+        self._ended_count = 0  # trials ended (the rest of self.trials run)
         #: This run's failures, against ``search.stop_after_failures``.
         self.failures = FailureCount(spec.search.failure_limit, spec.workload.name, study_id)
         #: The cost rule the system tuner compares configs by.
@@ -165,8 +166,8 @@ class Study:
     def max_epochs(self) -> int:
         return self.spec.early_stopping.max_epochs
 
-    def _active(self) -> int:
-        return sum(1 for t in self.trials.values() if t.state == TrialState.RUNNING)
+    def _active(self) -> int:  # trials are made RUNNING, and leave it only through _end
+        return len(self.trials) - self._ended_count
 
     def _free_cores(self) -> int:
         return self.core_budget - sum(t.system.cores for t in self._in_flight.values())
@@ -279,7 +280,7 @@ class Study:
         return self._active() + max(self.failures.same.values(), default=0) < limit
 
     def _any_epoch_finished(self) -> bool:
-        return any(t.results for t in self.trials.values())
+        return self.failures.epochs_finished > 0
 
     @property
     def in_flight(self) -> int:
@@ -636,9 +637,8 @@ class Study:
     def _end(self, trial: Trial, state: TrialState, error: str | None = None) -> None:
         if trial.state != TrialState.RUNNING:
             return
-        trial.state = state
-        trial.error = error
-        trial.ended = time.time()
+        trial.state, trial.error, trial.ended = state, error, time.time()
+        self._ended_count += 1
         self._queue = deque(t for t in self._queue if t.trial_id != trial.trial_id)
         if state is not TrialState.FAILED:
             self.remembering.at_end(self.tuner, trial, replaying=self._replaying)

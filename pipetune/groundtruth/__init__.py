@@ -107,13 +107,15 @@ class GroundTruth:
         self.max_records_per_group = max_records_per_group
         self._fit: Fit | None = None
         self._fit_lock = threading.Lock()
+        #: The records as last read, keyed by the store's snapshot (:meth:`_records`).
+        self._read: tuple[bytes, Records] | None = None
 
     def __repr__(self) -> str:
         return f"GroundTruth({self.location!r})"
 
     def __getstate__(self) -> dict[str, Any]:  # crosses processes without its fit or lock
         state = dict(self.__dict__)
-        state["_fit"] = None
+        state["_fit"] = state["_read"] = None
         del state["_fit_lock"]
         return state
 
@@ -245,7 +247,7 @@ class GroundTruth:
         objective = check_objective(objective)
         if not job_key:
             return None
-        recs = [r for r in self._store.read()
+        recs = [r for r in self._records()
                 if r.get("job_key") == job_key and r.get("objective") == objective]
         if not recs:
             return None
@@ -282,7 +284,7 @@ class GroundTruth:
         objective = check_objective(objective)
         walls: dict[str, float] = {}
         savings: dict[str, list[float]] = {}
-        for rec in self._store.read():
+        for rec in self._records():
             if (rec.get("objective") != objective or rec.get("one_time") is None
                     or rec.get("speedup") is None):
                 continue
@@ -366,6 +368,16 @@ class GroundTruth:
         records: Records = source.read()
         self._store.mutate(lambda current: [*current, *records])
         return len(records)
+
+    def _records(self) -> Records:
+        """Every record, read again only when the store changed since the last read (its
+        snapshot: one small query): a study asks for each trial it starts, and a store
+        of many studies' records is long."""
+        with self._fit_lock:
+            raw = self._store.snapshot()
+            if self._read is None or self._read[0] != raw:
+                self._read = (raw, self._store.parse(raw))
+            return self._read[1]
 
     # -- clustering ----------------------------------------------------------------
     def prepare(self) -> None:
