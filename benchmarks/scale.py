@@ -9,9 +9,10 @@ Two shapes, after ``release/tune_tests/scalability_tests/`` in ray-project/ray:
   (default 60); the ideal rate is C results per second, the minimum E seconds.
 
 Each run is one ``pipetune tune`` in a folder of its own (its own MLflow SQLite file,
-Prefect home and pipetune home: the embedded default, nothing kept warm), after a
-2-trial warm-up study there (a machine that ran pipetune before: stores created and
-migrated), timed from before the process starts to after it exits. Afterwards the
+Prefect home and pipetune home: the embedded default), after a 2-trial warm-up study
+there (a machine that ran pipetune before: stores created and migrated, and the local
+service kept warm, as by default; ``--keep-warm 0``: each command starts its own
+server and cluster), timed from before the process starts to after it exits. Afterwards the
 record is checked: every trial has exactly one MLflow run, with one ``train_loss`` per
 epoch, and exactly one Prefect task run per epoch, in its final state. ``--peer ray``
 runs the same shape under Ray Tune (the ``peers`` extra) in the same invocation, after
@@ -51,11 +52,18 @@ def job(name: str, trials: int, slots: int, epochs: int) -> dict:
     }
 
 
+#: ``PIPETUNE_KEEP_WARM_S`` for the runs: None, the default (a warm local service, kept
+#: between commands); "0", each command starts and stops its own server and cluster.
+KEEP_WARM: str | None = None
+
+
 def _env(folder: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PREFECT_", "MLFLOW_", "PIPETUNE_"))}
+    if KEEP_WARM is not None:
+        env["PIPETUNE_KEEP_WARM_S"] = KEEP_WARM
     env.update(PIPETUNE_HOME=str(folder / "home"), PREFECT_HOME=str(folder / "prefect"),
-               PIPETUNE_KEEP_WARM_S="0", MLFLOW_DISABLE_TELEMETRY="true",
+               MLFLOW_DISABLE_TELEMETRY="true",
                PREFECT_SERVER_ANALYTICS_ENABLED="false",
                PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120",
                PYTHONPATH=str(ROOT))
@@ -82,8 +90,12 @@ def run_pipetune(folder: Path, spec: dict, slots: int) -> dict:
     measured one, in the same folder."""
     folder.mkdir(parents=True, exist_ok=True)
     warm_up = {**spec, "name": "warm-up", "search": {**spec["search"], "trials": 2}}
-    _tune(folder, warm_up, slots)
-    out, whole = _tune(folder, spec, slots)
+    try:
+        _tune(folder, warm_up, slots)
+        out, whole = _tune(folder, spec, slots)
+    finally:  # the warm service the first command started, if any
+        subprocess.run([sys.executable, "-m", "pipetune", "service", "stop"], cwd=folder,
+                       env=_env(folder), capture_output=True, timeout=120)
     marks = dict((k.strip(), float(v)) for k, v in re.findall(
         r"([a-zA-Z -]+?) (\d+\.\d+)(?:,|$)", out.rsplit("start-up (s from process start):",
                                                       1)[-1].splitlines()[0]))
@@ -184,16 +196,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peer", choices=("ray",), action="append", default=[])
     ap.add_argument("--json", default=None, help="write every figure here")
     ap.add_argument("--keep", action="store_true", help="keep the run folders")
+    ap.add_argument("--keep-warm", default=None, metavar="SECONDS",
+                    help="PIPETUNE_KEEP_WARM_S for the runs (default: pipetune's default, a "
+                    "warm local service between commands; 0: each command cold)")
     args = ap.parse_args(argv)
+    global KEEP_WARM
+    KEEP_WARM = args.keep_warm
     if args.shape == "bookkeeping":
         trials, epochs = args.trials or 1000, 1
         slots = args.slots or 16
     else:
         trials, epochs = args.trials or 16, args.epochs
         slots = args.slots or trials
-    minimum = -(-trials // slots) * epochs * 1.0
+    minimum = trials * epochs / slots if args.shape == "bookkeeping" else float(epochs)
     work = Path(tempfile.mkdtemp(prefix="pt-scale-"))
     out = {"shape": args.shape, "trials": trials, "slots": slots, "epochs": epochs,
+           "keep_warm_s": KEEP_WARM or "default",
            "minimum_s": minimum, "cores": os.cpu_count(), "folder": str(work)}
     ours = run_pipetune(work / "pipetune", job("scale", trials, slots, epochs), slots)
     out["pipetune"] = ours

@@ -51,6 +51,9 @@ class EpochTask:
     deterministic: bool = False
     #: The compile cache's name (``pipetune.compile_cache``; empty: the shared one).
     compile_cache: str = ""
+    #: Trials of this study that ended, whose live models the worker drops first (the
+    #: driver sends a trial's release with the next epoch to its worker, not as a task).
+    release: tuple[int, ...] = ()
 
     @property
     def name(self) -> str:

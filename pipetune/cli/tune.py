@@ -31,11 +31,13 @@ def _check_options(args: argparse.Namespace) -> None:
         check_scheduler_address(args.dask_address, allow_insecure=args.allow_insecure_dask)
         client_security()  # a half-set or missing TLS file is refused now, by name
     if args.dask_address and (args.workers or args.cores_per_worker):
-        raise SpecError("--workers", "sizes the embedded cluster: not with --dask-address "
+        option = "--workers" if args.workers else "--cores-per-worker"
+        raise SpecError(option, "sizes the embedded cluster: not with --dask-address "
                         "(size that cluster's workers where it is started)")
     from pipetune.dask.cluster import size_embedded_cluster
 
-    size_embedded_cluster(args.workers, args.cores_per_worker)
+    if not args.dask_address:  # also what a warm service started now is keyed by
+        size_embedded_cluster(args.workers, args.cores_per_worker)
     if args.tracking_uri and not re.match(r"^(sqlite|file|https?|postgresql|mysql|databricks)",
                                           args.tracking_uri):
         raise SpecError(
@@ -87,7 +89,7 @@ def _run_tune(args: argparse.Namespace) -> int:
     # study, whose first epoch goes out before Prefect or MLflow answer. The Prefect
     # server's boot, the flow run and the MLflow run come up beside the training.
     warm = _attach_service(args)
-    if not args.dask_address and (warm is None or args.workers or args.cores_per_worker):
+    if not args.dask_address and warm is None:
         from pipetune.dask.cluster import launch_forkserver
 
         launch_forkserver()

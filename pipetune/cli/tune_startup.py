@@ -99,9 +99,7 @@ class BackgroundStartup:
     def start_cluster(self) -> None:
         if self.args.dask_address:
             return
-        from pipetune.dask.cluster import embedded_size
-
-        if self.warm is not None and not embedded_size().sized and self._use_warm_cluster():
+        if self.warm is not None and self._use_warm_cluster():
             return
         from pipetune.dask.cluster import shared_cluster
 
@@ -153,6 +151,10 @@ class BackgroundStartup:
     def join_closing(self) -> None:
         if self.closing is not None:
             self.closing.join()
+        if not self.warm_used:  # the workers are gone: their fork server goes now too
+            from pipetune.dask.cluster import stop_forkserver
+
+            stop_forkserver()
 
 
 def _job_folders(spec) -> list[str]:

@@ -20,8 +20,6 @@ import uuid
 from collections import Counter, deque
 from typing import TYPE_CHECKING, Any
 
-from distributed import fire_and_forget
-
 from pipetune.backends.base import EpochBackend, EpochOutcome, describe
 from pipetune.checkpoints import attempt_ref
 from pipetune.dask.on_scheduler import (
@@ -126,6 +124,8 @@ class DaskBackend(EpochBackend):
         #: Workers retired as frozen -> the wall-clock time (``time.time()``) it was done.
         self.retired: dict[str, float] = {}
         self._frozen_checked = -math.inf
+        #: (worker, study) -> trials ended whose models that worker may drop (release).
+        self._unreleased: dict[tuple[str, str], list[int]] = {}
 
     # -- placement -------------------------------------------------------------------
     def _dispatch(self) -> None:
@@ -156,8 +156,10 @@ class DaskBackend(EpochBackend):
                     continue
                 self._queue.remove(task)
                 cpus = self.placer.pin(task, worker, workers)
-                if cpus:
-                    task = dataclasses.replace(task, cpus=cpus)
+                release = self._unreleased.pop((worker, task.study_id), ())
+                if cpus or release:
+                    task = dataclasses.replace(task, cpus=cpus or task.cpus,
+                                               release=tuple(release))
                 self._send(task, worker, why, remote_epoch, task, resources=resources,
                            **placed_on(worker))
 
@@ -408,11 +410,13 @@ class DaskBackend(EpochBackend):
                 for key in [k for k in self.placer.home if k[0] == study_id]:
                     del self.placer.home[key]
         if trial_id is not None:
-            if home:
-                fire_and_forget(self.client.submit(
-                    remote_release, study_id, trial_id, workers=[home],
-                    allow_other_workers=False, pure=False, key=f"release-{uuid.uuid4().hex}"))
+            if home:  # dropped first by the next epoch sent there (one task fewer a trial)
+                with self._lock:
+                    self._unreleased.setdefault((home, study_id), []).append(trial_id)
         else:
+            with self._lock:
+                for key in [k for k in self._unreleased if k[1] == study_id]:
+                    del self._unreleased[key]
             # Not on a retired worker (a frozen one never answers), nor failing on a
             # worker that leaves meanwhile: its models and pending writes go with it.
             # A worker that froze while idle (never retired: only busy workers are

@@ -74,24 +74,43 @@ class EmbeddedSize:
         return workers * cores
 
 
-#: The embedded cluster's size in this process (:func:`size_embedded_cluster`).
-_size = EmbeddedSize()
+#: Where the embedded cluster's size is kept (:func:`size_embedded_cluster` sets them),
+#: so the warm service a sized command starts (:mod:`pipetune.service`, keyed by them)
+#: starts its cluster the same size; a user may set them instead of the options.
+SIZE_ENV = {"workers": "PIPETUNE_WORKERS", "cores_per_worker": "PIPETUNE_CORES_PER_WORKER"}
 
 
 def size_embedded_cluster(workers: int | None, cores_per_worker: int | None) -> EmbeddedSize:
-    """Size the embedded cluster this process starts; refused (exit 2, naming the
-    option) below 1. Call before the cluster starts."""
-    global _size
+    """Size the embedded cluster this process (and a warm service it starts) starts;
+    None keeps what the environment says. Refused (exit 2, naming the option) below 1
+    or above :data:`MAX_EMBEDDED_WORKERS`. Call before the cluster starts."""
     for option, value in (("--workers", workers), ("--cores-per-worker", cores_per_worker)):
         if value is not None and not 1 <= value <= MAX_EMBEDDED_WORKERS:
             raise PipetuneError(f"{option}: must be between 1 and {MAX_EMBEDDED_WORKERS}, "
-                             f"got {value}")
-    _size = EmbeddedSize(workers, cores_per_worker)
-    return _size
+                                f"got {value}")
+    for name, value in (("workers", workers), ("cores_per_worker", cores_per_worker)):
+        if value is not None:
+            os.environ[SIZE_ENV[name]] = str(value)
+    return embedded_size()
 
 
 def embedded_size() -> EmbeddedSize:
-    return _size
+    """The embedded cluster's size, as :data:`SIZE_ENV` says (refused by name when it
+    is not a whole number in range)."""
+    values: dict[str, int | None] = {}
+    for name, env in SIZE_ENV.items():
+        raw = os.environ.get(env, "").strip()
+        if not raw:
+            values[name] = None
+            continue
+        try:
+            values[name] = int(raw)
+        except ValueError:
+            values[name] = 0
+        if not 1 <= values[name] <= MAX_EMBEDDED_WORKERS:
+            raise PipetuneError(f"{env}: must be a whole number between 1 and "
+                                f"{MAX_EMBEDDED_WORKERS}, got {raw!r}")
+    return EmbeddedSize(**values)
 
 
 #: The most worker processes (or cores a worker advertises) the embedded cluster takes.
@@ -113,10 +132,11 @@ def embedded_cluster_kwargs(workers: int | None = None) -> dict:
     import dask
 
     machine_cores = MachineInfo.detect().cores
-    sized_workers, cores = _size.resolve(machine_cores)
+    size = embedded_size()
+    sized_workers, cores = size.resolve(machine_cores)
     if workers is None:
         workers = sized_workers
-    elif not _size.sized:
+    elif not size.sized:
         workers = min(workers, machine_cores)
     env = {k: os.environ[k] for k in WORKER_ENV if k in os.environ}
     dask.config.set({
@@ -194,6 +214,29 @@ def launch_forkserver() -> None:
         os.environ.setdefault(key, value)
     multiprocessing.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
     forkserver.ensure_running()
+
+
+def stop_forkserver() -> None:
+    """Stop this process's fork server now, if one runs (the embedded cluster closed):
+    killed, not asked, since it holds nothing to write. Asked (its pipe closed), it
+    unloads torch as it exits, a second after the command, holding the command's output
+    open that long (measured: whoever reads ``pipetune tune``'s output waited 1.0 s
+    past its last line for it)."""
+    import signal
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    lock = getattr(server, "_lock", None)
+    if server is None or lock is None or not hasattr(server, "_stop_unlocked"):
+        return
+    with lock:
+        pid = getattr(server, "_forkserver_pid", None)
+        if pid is None:
+            return
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            server._stop_unlocked()
 
 
 #: Set in the embedded workers' process environment before torch loads. Passive OpenMP
@@ -413,7 +456,7 @@ def check_cluster_fits(client: Any, spec: Any, *, embedded: bool = False) -> tup
     machine = dataclasses.replace(MachineInfo.detect(), cores=largest)
     cores = f"{largest} core" if largest == 1 else f"{largest} cores"
     note = (f"each embedded worker offers {cores} (--cores-per-worker)"
-            if embedded and _size.sized else f"this machine has {cores}" if embedded
+            if embedded and embedded_size().sized else f"this machine has {cores}" if embedded
             else f"the cluster's largest worker advertises {cores}")
     fitted, drops = spec.fit(machine, cores_note=note)
     return machine, fitted, drops

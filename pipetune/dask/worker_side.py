@@ -18,6 +18,8 @@ def remote_epoch(task: EpochTask) -> EpochResult | EpochFailure:
     all, on the terminal of every study it belongs to."""
     from pipetune.runner import LIVE_TRIALS, failing_safely, run_epoch
 
+    for trial_id in task.release:
+        LIVE_TRIALS.drop(task.study_id, trial_id)
     return failing_safely(run_epoch, task, live=LIVE_TRIALS, address=get_worker().address)
 
 

@@ -19,6 +19,7 @@ not seen.
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 from dataclasses import dataclass, field
@@ -107,7 +108,58 @@ def _proc_usage(pid: int) -> Usage | None:
         return None
 
 
+def _proc_children() -> dict[tuple[int, float], Usage] | None:
+    """Every live descendant of this process, keyed ``(pid, start time)``, from each
+    thread's ``/proc/<pid>/task/<tid>/children`` (Linux 3.5+); None where the kernel
+    keeps no such file. psutil's ``children`` reads the ``stat`` file of every process
+    on the machine instead: measured here, 1.0 ms with 70 processes, twice per epoch,
+    and more on a machine running many workers."""
+    if not _children_files():
+        return None
+    out: dict[tuple[int, float], Usage] = {}
+    stack = [os.getpid()]
+    while stack:
+        pid = stack.pop()
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue  # ended meanwhile
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    found = f.read().split()
+            except OSError:
+                continue  # the thread or process ended meanwhile
+            for child in map(int, found):
+                stack.append(child)
+                started = _start_ticks(child)
+                usage = _proc_usage(child)
+                if started is not None and usage is not None:
+                    out[(child, started)] = usage
+    return out
+
+
+@functools.cache
+def _children_files() -> bool:
+    """Whether this kernel keeps ``/proc/<pid>/task/<tid>/children`` (asked once, so
+    every snapshot of a process keys its children the same way)."""
+    return os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
+def _start_ticks(pid: int) -> float | None:
+    """When ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+        return float(stat[stat.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _live_children(exclude: frozenset[int]) -> dict[tuple[int, float], Usage]:
+    fast = _proc_children()
+    if fast is not None:
+        return {key: u for key, u in fast.items() if key[0] not in exclude}
     import psutil
 
     out: dict[tuple[int, float], Usage] = {}
