@@ -106,7 +106,8 @@ def _run_tune(args: argparse.Namespace) -> int:
             startup_marks.mark("first epoch", summary["first_epoch_at"])
             startup_marks.mark("study done", summary["started_at"] + summary["tuning_wall_s"])
             print_summary(summary, startup.spec.objective.metric,
-                          os.environ["PREFECT_API_URL"], server, warm)
+                          os.environ["PREFECT_API_URL"], server, warm,
+                          mode=startup.spec.objective.mode)
     finally:
         startup.close_cluster()
         startup.join_closing()

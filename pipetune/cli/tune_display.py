@@ -82,7 +82,27 @@ class LiveDisplay:
         self._pending = None
 
 
-def print_summary(summary: dict, metric: str, api_url: str, server, warm=None) -> None:
+#: Rows of the end-of-study trials table at most: past it, the best trials and the failed
+#: ones are shown (trials.csv on the study's MLflow run has every trial), as Ray Tune's
+#: status table does.
+SUMMARY_ROWS = 30
+
+
+def summary_rows(rows: list[dict], metric: str, mode: str = "max") -> list[dict]:
+    """The rows of the trials table to print: all of them up to :data:`SUMMARY_ROWS`;
+    past it, the failed ones (up to a third of the table) and the best by ``metric``,
+    in trial order."""
+    if len(rows) <= SUMMARY_ROWS:
+        return rows
+    failed = [r for r in rows if r["outcome"] == "failed"][:SUMMARY_ROWS // 3]
+    scored = [r for r in rows if r.get(metric) is not None and r not in failed]
+    scored.sort(key=lambda r: r[metric], reverse=mode == "max")
+    keep = {id(r) for r in (*failed, *scored[:SUMMARY_ROWS - len(failed)])}
+    return [r for r in rows if id(r) in keep]
+
+
+def print_summary(summary: dict, metric: str, api_url: str, server, warm=None, *,
+                  mode: str = "max") -> None:
     import shlex
 
     from rich.console import Console
@@ -95,11 +115,15 @@ def print_summary(summary: dict, metric: str, api_url: str, server, warm=None) -
     table = Table(title="trials")
     for col in ("trial", "outcome", "epochs", "probes", metric, "system", "error"):
         table.add_column(col)
-    for row in summary["trials_table"]:
+    shown = summary_rows(summary["trials_table"], metric, mode)
+    for row in shown:
         value = row.get(metric)
         table.add_row(str(row["trial"]), row["outcome"], str(row["epochs"]),
                       str(row["probe_epochs"]), f"{value:.4f}" if value is not None else "-",
                       row["system"], error_cell(row))
+    if len(shown) < len(summary["trials_table"]):
+        table.caption = (f"the best {len(shown)} of {len(summary['trials_table'])} trials (and "
+                         "any that failed); every trial: trials.csv on the study's MLflow run")
     console.print(table)
     best = summary.get("best_value")
     # Plain prints: ids and paths must not be wrapped or read as markup.
