@@ -130,7 +130,7 @@ def records(folder: Path, spec: dict) -> dict:
     names = prefect.execute(
         "SELECT t.name, COUNT(*), SUM(t.state_type = 'COMPLETED') FROM task_run t "
         "JOIN flow_run f ON t.flow_run_id = f.id WHERE f.name = ? "
-        "AND t.name LIKE 'trial-%-epoch-%' GROUP BY t.name", (study,)).fetchall()
+        "AND t.task_key LIKE 'train_epoch-%' GROUP BY t.name", (study,)).fetchall()
     return {
         "mlflow_trial_runs": len(runs), "mlflow_distinct_trials": len(set(ids)),
         "mlflow_metrics_once": sum(1 for r in runs if r.info.run_id in once),

@@ -227,7 +227,7 @@ def timeline_figure(study: Study) -> Figure:
     matplotlib.use("Agg", force=False)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
+    from matplotlib.patches import Patch, Rectangle
 
     trials = sorted(study.trials.values(), key=lambda t: t.trial_id)
     total = len(trials)
@@ -241,7 +241,12 @@ def timeline_figure(study: Study) -> Figure:
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     font = TIMELINE_FONT_PT
-    labels: list[tuple[Any, list[str]]] = []
+    # (row, left, width, colour, gid) per kind, each bar added as a plain rectangle kept
+    # out of the layout's measure, the limits set once (a barh call per bar, measured by
+    # the layout, took 3.3 s for 480 epochs; one barh per kind 1.4 s).
+    bands: dict[str, list[tuple[int, float, float, str, str]]] = {
+        "start-up": [], "profiler": [], "save": [], "epoch": []}
+    texts: list[list[str]] = []
     for row, t in enumerate(trials):
         last = 0.0
         for r in t.results:
@@ -251,15 +256,28 @@ def timeline_figure(study: Study) -> Figure:
                                               ("profiler", ready, began, PROFILER_COLOUR),
                                               ("save", ended, saved, SAVE_COLOUR)):
                 if right > left:
-                    ax.barh(row, right - left, left=left, height=BAR_HEIGHT, color=colour,
-                            linewidth=0, gid=f"{kind}:{whose}")
-            (bar,) = ax.barh(row, max(ended - began, 1e-3), left=began, height=BAR_HEIGHT,
-                             color=PHASE_COLOURS[r.phase.value], edgecolor="black",
-                             linewidth=0.4, gid=f"epoch:{whose}")
-            labels.append((bar, [f"e{r.epoch}\n{r.system.label()}", f"e{r.epoch}"]))
+                    bands[kind].append((row, left, right - left, colour, f"{kind}:{whose}"))
+            bands["epoch"].append((row, began, max(ended - began, 1e-3),
+                                   PHASE_COLOURS[r.phase.value], f"epoch:{whose}"))
+            texts.append([f"e{r.epoch}\n{r.system.label()}", f"e{r.epoch}"])
             last = max(last, saved)
         if t.state == TrialState.FAILED:
             ax.text(last, row, " failed", fontsize=font, color="red", va="center")
+    drawn: dict[str, list[Any]] = {kind: [] for kind in bands}
+    for kind, bars in bands.items():
+        outline = {"edgecolor": "black", "linewidth": 0.4} if kind == "epoch" else \
+            {"linewidth": 0}
+        for row, left, width, colour, gid in bars:
+            rect = Rectangle((left, row - BAR_HEIGHT / 2), width, BAR_HEIGHT,
+                             facecolor=colour, gid=gid, **outline)
+            rect.set_in_layout(False)
+            drawn[kind].append(ax.add_artist(rect))
+    edges = [(left, row) for bars in bands.values() for row, left, width, _, _ in bars] + \
+        [(left + width, row) for bars in bands.values() for row, left, width, _, _ in bars]
+    if edges:
+        ax.update_datalim(edges)
+        ax.autoscale_view()
+    labels = list(zip(drawn["epoch"], texts, strict=True))
     ax.set_yticks(range(len(trials)), [f"trial {t.trial_id} ({t.state})" for t in trials])
     ax.set_ylim(max(len(trials), 1) - 0.5, -0.5)  # trial 0 on top
     ax.tick_params(labelsize=font)
