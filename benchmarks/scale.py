@@ -8,6 +8,11 @@ Two shapes, after ``release/tune_tests/scalability_tests/`` in ray-project/ray:
 * ``throughput``: C trials at once, each reporting an epoch every second for E epochs
   (default 60); the ideal rate is C results per second, the minimum E seconds.
 
+With ``--keep-warm 0`` (the study then runs in the command's own process) the driver's
+and the recorder's resident memory is sampled against the trials started: ``memory``
+in the JSON holds both at trial 200 and at the end (the release tests' long-study
+shape: run ``bookkeeping --trials 2000 --keep-warm 0``).
+
 Each run is one ``pipetune tune`` in a folder of its own (its own MLflow SQLite file,
 Prefect home and pipetune home: the embedded default), after a 2-trial warm-up study
 there (a machine that ran pipetune before: stores created and migrated, and the local
@@ -35,6 +40,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -70,18 +76,71 @@ def _env(folder: Path) -> dict[str, str]:
     return env
 
 
-def _tune(folder: Path, spec: dict, slots: int) -> tuple[str, float]:
+class Memory(threading.Thread):
+    """Every 0.5 s: the resident memory (MB) of the command's own process (the driver,
+    with ``--keep-warm 0``) and of its recorder, against the trials its study's journal
+    says have started. With a warm service the study runs in the service's driver, not
+    in the command: nothing is sampled then."""
+
+    def __init__(self, pid: int, studies: Path, name: str):
+        super().__init__(daemon=True)
+        self.pid, self.studies, self.name = pid, studies, name
+        self.rows: list[tuple[int, float, float]] = []
+        self.done = threading.Event()
+
+    def _started(self) -> int:
+        found = sorted(self.studies.glob(f"{self.name}-*/events.jsonl"))
+        if not found:
+            return 0
+        with open(found[-1], "rb") as fh:
+            return sum(1 for line in fh if b'"kind": "start"' in line)
+
+    def run(self) -> None:
+        import psutil
+
+        while not self.done.wait(0.5):
+            try:
+                proc = psutil.Process(self.pid)
+                driver = proc.memory_info().rss / 2**20
+                recorder = sum(c.memory_info().rss for c in proc.children(recursive=True)
+                               if "pipetune.sidecar" in " ".join(c.cmdline())) / 2**20
+            except psutil.Error:
+                continue
+            if recorder:
+                self.rows.append((self._started(), driver, recorder))
+
+    def growth(self, early: int = 200) -> dict | None:
+        """Driver and recorder memory at the first sample past ``early`` trials started
+        and at the last sample: MB each, and the growth between."""
+        after = [r for r in self.rows if r[0] >= early]
+        if len(after) < 2:
+            return None
+        (n0, d0, r0), (n1, d1, r1) = after[0], after[-1]
+        return {"trials": [n0, n1], "driver_mb": [d0, d1], "recorder_mb": [r0, r1],
+                "driver_growth": d1 / d0 - 1, "recorder_growth": r1 / r0 - 1}
+
+
+def _tune(folder: Path, spec: dict, slots: int,
+          memory: bool = False) -> tuple[str, float, Memory | None]:
     path = folder / f"{spec['name']}.json"
     path.write_text(json.dumps(spec))
     started = time.monotonic()
-    done = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "pipetune", "tune", str(path), "--workers", str(slots),
          "--cores-per-worker", "1"],
-        cwd=folder, env=_env(folder), capture_output=True, text=True, timeout=7200)
+        cwd=folder, env=_env(folder), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    sampler = Memory(proc.pid, folder / "home" / "studies", spec["name"]) if memory else None
+    if sampler is not None:
+        sampler.start()
+    out, err = proc.communicate(timeout=7200)
     whole = time.monotonic() - started
-    if done.returncode != 0:
-        raise SystemExit(f"pipetune tune exited {done.returncode}:\n{done.stderr[-3000:]}")
-    return done.stdout, whole
+    if sampler is not None:
+        sampler.done.set()
+        sampler.join()
+    if proc.returncode != 0:
+        raise SystemExit(f"pipetune tune exited {proc.returncode}:\n{err[-3000:]}")
+    return out, whole, sampler
 
 
 def run_pipetune(folder: Path, spec: dict, slots: int) -> dict:
@@ -92,7 +151,7 @@ def run_pipetune(folder: Path, spec: dict, slots: int) -> dict:
     warm_up = {**spec, "name": "warm-up", "search": {**spec["search"], "trials": 2}}
     try:
         _tune(folder, warm_up, slots)
-        out, whole = _tune(folder, spec, slots)
+        out, whole, sampler = _tune(folder, spec, slots, memory=KEEP_WARM == "0")
     finally:  # the warm service the first command started, if any
         subprocess.run([sys.executable, "-m", "pipetune", "service", "stop"], cwd=folder,
                        env=_env(folder), capture_output=True, timeout=120)
@@ -103,6 +162,7 @@ def run_pipetune(folder: Path, spec: dict, slots: int) -> dict:
     busy = re.search(r"slots busy (\d+)%", out)
     return {"whole_s": whole, "tuning_s": tuning, "marks": marks,
             "slots_busy": int(busy.group(1)) / 100 if busy else None,
+            "memory": sampler.growth() if sampler is not None else None,
             "records": records(folder, spec)}
 
 
