@@ -24,6 +24,7 @@ from pipetune.profiler import (
     perf_support,
 )
 from pipetune.profiler.opmix import op_shares_from_spans
+from pipetune.profiler.perf_events import KernelCounters, kernel_support
 from pipetune.workloads._base import TrainStats
 
 torch = pytest.importorskip("torch")
@@ -165,15 +166,44 @@ def test_time_an_epoch_waited_for_a_cpu_is_left_out_of_its_cost():
 
 def test_counters_source_matches_what_perf_can_do_here(conv_result):
     _, m = conv_result
-    level = perf_support()
+    kernel = kernel_support()
+    level = kernel or perf_support()
     assert m.profile.sources["counters"] == m.counters_source
     if level is None:
         assert m.counters_source == "psutil"
+    elif kernel is not None:  # counted from the epoch's first instant
+        assert m.counters_source == f"perf:{kernel}"
     else:
         # A very short epoch may end before perf attached; then psutil is reported.
         assert m.counters_source in (f"perf:{level}", "psutil")
     if m.counters_source.startswith("perf:"):
         assert m.counters["perf:task-clock"] > 0
+
+
+@pytest.mark.skipif(kernel_support() is None, reason="the kernel counts no perf event here")
+def test_kernel_counters_count_every_thread_from_the_start_without_a_process():
+    """perf_event_open on each thread (new threads inherit): the task clock of a busy
+    main thread and of a thread started afterwards is the CPU time they used."""
+    import threading
+
+    def spin(seconds: float) -> None:
+        t = time.thread_time()
+        while time.thread_time() - t < seconds:
+            pass
+
+    counters = KernelCounters(os.getpid(), kernel_support())
+    before = psutil.Process().children()
+    cpu = time.process_time()
+    assert counters.start()
+    spin(0.2)
+    later = threading.Thread(target=spin, args=(0.2,))
+    later.start()
+    later.join()
+    counts = counters.stop()
+    used = time.process_time() - cpu
+    assert psutil.Process().children() == before  # no perf process
+    assert counts is not None and counts.values["page-faults"] >= 0
+    assert 0.35 <= counts.values["task-clock"] / 1000 <= used + 0.05
 
 
 def test_mlp_epoch_is_matmul_without_conv():

@@ -14,6 +14,7 @@ from pipetune.profiler import usage as _usage
 from pipetune.profiler.energy import EnergyMeter, EstimateMeter, best_meter, cuda_index
 from pipetune.profiler.opmix import OP_CATEGORIES, OpMix, OpMixRecorder
 from pipetune.profiler.perf import PerfSession, perf_support
+from pipetune.profiler.perf_events import KernelCounters, kernel_support
 from pipetune.profiler.profile import PROFILE_FEATURES, EpochMeasurement, Profile
 
 if TYPE_CHECKING:
@@ -119,8 +120,7 @@ class EpochProfiler:
         # The plain estimate is CPU seconds x watts: computed from cpu_s below, sparing
         # two more process-tree reads.
         run_meter = not (type(meter) is EstimateMeter and meter.reads_process_cpu)
-        level = perf_support() if self.perf == "auto" else None
-        session = PerfSession(os.getpid(), level) if level else None
+        session = _perf_session(self.perf)
         recorder = OpMixRecorder(self.op_mix_steps, SKIP_STEPS, self.device) \
             if profile_ops else None
         meter_on = False
@@ -164,7 +164,8 @@ class EpochProfiler:
         perf_counts = session.stop() if session is not None else None
         readout_s = time.perf_counter() - t_read
 
-        counters, counters_source = _counters(used, perf_counts, level)
+        counters, counters_source = _counters(used, perf_counts,
+                                              session.level if session else None)
         in_epoch_s = clock.hook_s + _traced_excess(clock, recorder)
         steady_step_s, one_time_s, cpu_wait_s = _time_split(
             clock, recorder, wall_s, in_epoch_s, wait_before, wait_after)
@@ -186,7 +187,20 @@ class EpochProfiler:
         return stats, measurement
 
 
-def _abandon(recorder: OpMixRecorder | None, session: PerfSession | None,
+def _perf_session(perf: str) -> PerfSession | KernelCounters | None:
+    """What counts the epoch's perf events: the kernel's counters on this process's
+    threads where it gives them (:mod:`pipetune.profiler.perf_events`), else a ``perf
+    stat`` process; None with ``perf: off`` or neither."""
+    if perf != "auto":
+        return None
+    kernel = kernel_support()
+    if kernel is not None:
+        return KernelCounters(os.getpid(), kernel)
+    level = perf_support()
+    return PerfSession(os.getpid(), level) if level else None
+
+
+def _abandon(recorder: OpMixRecorder | None, session: PerfSession | KernelCounters | None,
              meter: EnergyMeter | None) -> None:
     """Release what a failed measurement started; the training error is the one to report."""
     if recorder is not None:
