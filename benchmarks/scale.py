@@ -25,6 +25,7 @@ pipetune's.
 
     python benchmarks/scale.py bookkeeping --trials 1000 --slots 16 [--peer ray]
     python benchmarks/scale.py throughput --trials 16 --epochs 60
+    python benchmarks/scale.py bookkeeping --trials 1000 --slots 16 --stack   # team stack
 
 The last line is ``ratio R`` (pipetune's whole process over the minimum); ``--json
 FILE`` keeps every figure.
@@ -61,6 +62,9 @@ def job(name: str, trials: int, slots: int, epochs: int) -> dict:
 #: ``PIPETUNE_KEEP_WARM_S`` for the runs: None, the default (a warm local service, kept
 #: between commands); "0", each command starts and stops its own server and cluster.
 KEEP_WARM: str | None = None
+#: The team stack's environment (``pipetune stack up``: PostgreSQL, Prefect, MLflow and
+#: Dask servers), with ``--stack``; None: the embedded default.
+STACK: dict[str, str] | None = None
 
 
 def _env(folder: Path) -> dict[str, str]:
@@ -68,6 +72,7 @@ def _env(folder: Path) -> dict[str, str]:
            if not k.startswith(("PREFECT_", "MLFLOW_", "PIPETUNE_"))}
     if KEEP_WARM is not None:
         env["PIPETUNE_KEEP_WARM_S"] = KEEP_WARM
+    env.update(STACK or {})
     env.update(PIPETUNE_HOME=str(folder / "home"), PREFECT_HOME=str(folder / "prefect"),
                MLFLOW_DISABLE_TELEMETRY="true",
                PREFECT_SERVER_ANALYTICS_ENABLED="false",
@@ -88,7 +93,7 @@ class Memory(threading.Thread):
         self.rows: list[tuple[int, float, float]] = []
         self.done = threading.Event()
 
-    def _started(self) -> int:
+    def _trials_started(self) -> int:
         found = sorted(self.studies.glob(f"{self.name}-*/events.jsonl"))
         if not found:
             return 0
@@ -107,7 +112,7 @@ class Memory(threading.Thread):
             except psutil.Error:
                 continue
             if recorder:
-                self.rows.append((self._started(), driver, recorder))
+                self.rows.append((self._trials_started(), driver, recorder))
 
     def growth(self, early: int = 200) -> dict | None:
         """Driver and recorder memory at the first sample past ``early`` trials started
@@ -125,9 +130,9 @@ def _tune(folder: Path, spec: dict, slots: int,
     path = folder / f"{spec['name']}.json"
     path.write_text(json.dumps(spec))
     started = time.monotonic()
+    sized = [] if STACK else ["--workers", str(slots), "--cores-per-worker", "1"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipetune", "tune", str(path), "--workers", str(slots),
-         "--cores-per-worker", "1"],
+        [sys.executable, "-m", "pipetune", "tune", str(path), *sized],
         cwd=folder, env=_env(folder), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
     sampler = Memory(proc.pid, folder / "home" / "studies", spec["name"]) if memory else None
@@ -174,6 +179,8 @@ def records(folder: Path, spec: dict) -> dict:
     trials, epochs = spec["search"]["trials"], spec["early_stopping"]["max_epochs"]
     study = max((folder / "home" / "studies").glob(f"{spec['name']}-*"),
                 key=lambda p: p.stat().st_mtime).name
+    if STACK:
+        return _stack_records(study, trials, epochs)
     client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
     exp = client.get_experiment_by_name("pipetune")
     runs = client.search_runs(
@@ -202,6 +209,69 @@ def records(folder: Path, spec: dict) -> dict:
                      and sum(1 for r in runs if r.info.run_id in once) == trials
                      and sum(n for _, n, _ in names) == len(names) == trials * epochs),
     }
+
+
+def _stack_records(study: str, trials: int, epochs: int) -> dict:
+    """:func:`records` on the team stack: MLflow through its server, Prefect through its
+    API (both on PostgreSQL)."""
+    import urllib.request
+
+    from mlflow.tracking import MlflowClient
+
+    assert STACK is not None
+    client = MlflowClient(STACK["MLFLOW_TRACKING_URI"])
+    exp = client.get_experiment_by_name("pipetune")
+    runs = client.search_runs(
+        [exp.experiment_id],
+        f"tags.`pipetune.kind` = 'trial' and tags.`pipetune.study_id` = '{study}'",
+        max_results=50_000)
+    once = sum(1 for r in runs if sorted(m.step for m in client.get_metric_history(
+        r.info.run_id, "train_loss")) == list(range(1, epochs + 1)))
+    api = STACK["PREFECT_API_URL"].rstrip("/")
+
+    def post(path: str, body: dict) -> list[dict]:
+        request = urllib.request.Request(f"{api}/{path}", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return json.loads(answer.read())
+
+    (flow_run,) = post("flow_runs/filter", {"flow_runs": {"name": {"any_": [study]}}})
+    names: dict[str, list[str]] = {}
+    offset = 0
+    while True:
+        page = post("task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run["id"]]}},
+                                         "limit": 200, "offset": offset})
+        for run in page:
+            if run["task_key"].startswith("train_epoch-"):
+                names.setdefault(run["name"], []).append(run["state_type"])
+        if len(page) < 200:
+            break
+        offset += 200
+    count = sum(len(v) for v in names.values())
+    return {
+        "mlflow_trial_runs": len(runs),
+        "mlflow_distinct_trials": len({r.data.tags.get("pipetune.trial_id") for r in runs}),
+        "mlflow_metrics_once": once,
+        "mlflow_finished": sum(1 for r in runs if r.info.status == "FINISHED"),
+        "prefect_epoch_task_runs": count, "prefect_distinct_epochs": len(names),
+        "prefect_completed": sum(v.count("COMPLETED") for v in names.values()),
+        "complete": (len(runs) == trials and once == trials
+                     and count == len(names) == trials * epochs),
+    }
+
+
+def start_stack(work: Path, slots: int) -> dict[str, str]:
+    """``pipetune stack up`` with ``slots`` one-core workers; its environment."""
+    folder = work / "stack"
+    subprocess.run([sys.executable, "-m", "pipetune", "stack", "up", "--dir", str(folder),
+                    "--workers", str(slots), "--cores-per-worker", "1"], check=True,
+                   env=_env(work), capture_output=True, timeout=600)
+    return json.loads((folder / "stack.json").read_text())["env"]
+
+
+def stop_stack(work: Path) -> None:
+    subprocess.run([sys.executable, "-m", "pipetune", "stack", "down", "--dir",
+                    str(work / "stack")], env=_env(work), capture_output=True, timeout=300)
 
 
 RAY_SCRIPT = r"""
@@ -259,8 +329,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep-warm", default=None, metavar="SECONDS",
                     help="PIPETUNE_KEEP_WARM_S for the runs (default: pipetune's default, a "
                     "warm local service between commands; 0: each command cold)")
+    ap.add_argument("--stack", action="store_true",
+                    help="on the team stack (pipetune stack up, S one-core workers), not "
+                    "the embedded default; its start is not timed")
     args = ap.parse_args(argv)
-    global KEEP_WARM
+    global KEEP_WARM, STACK
     KEEP_WARM = args.keep_warm
     if args.shape == "bookkeeping":
         trials, epochs = args.trials or 1000, 1
@@ -271,9 +344,16 @@ def main(argv: list[str] | None = None) -> int:
     minimum = trials * epochs / slots if args.shape == "bookkeeping" else float(epochs)
     work = Path(tempfile.mkdtemp(prefix="pt-scale-"))
     out = {"shape": args.shape, "trials": trials, "slots": slots, "epochs": epochs,
-           "keep_warm_s": KEEP_WARM or "default",
+           "keep_warm_s": KEEP_WARM or "default", "where": "stack" if args.stack else
+           "embedded",
            "minimum_s": minimum, "cores": os.cpu_count(), "folder": str(work)}
-    ours = run_pipetune(work / "pipetune", job("scale", trials, slots, epochs), slots)
+    if args.stack:
+        STACK = start_stack(work, slots)
+    try:
+        ours = run_pipetune(work / "pipetune", job("scale", trials, slots, epochs), slots)
+    finally:
+        if args.stack:
+            stop_stack(work)
     out["pipetune"] = ours
     ours["ratio"] = ours["whole_s"] / minimum
     ended = ours["marks"].get("study done")
