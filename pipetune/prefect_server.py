@@ -278,6 +278,32 @@ class LocalPrefectServer:
         with contextlib.suppress(Exception):
             urllib.request.urlopen(f"{self.api_url}/admin/version", timeout=30).read()
 
+    def wait_idle(self, timeout: float) -> None:
+        """Wait while the server works (its processes used more than a tenth of a core
+        over the last half second: storing events it took), at most ``timeout`` s."""
+        import psutil
+
+        proc = self.process
+        try:
+            tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(True)]
+        except (AttributeError, psutil.Error):
+            return
+
+        def cpu_s() -> float:
+            total = 0.0
+            for each in tree:
+                with contextlib.suppress(psutil.Error):
+                    total += sum(each.cpu_times()[:2])
+            return total
+
+        deadline, last = time.monotonic() + timeout, cpu_s()
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            now = cpu_s()
+            if now - last < 0.05:
+                return
+            last = now
+
     def stop(self) -> None:
         with self._lock:
             self._stopped = True

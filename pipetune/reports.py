@@ -227,7 +227,7 @@ def timeline_figure(study: Study) -> Figure:
     matplotlib.use("Agg", force=False)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.patches import Patch, Rectangle
+    from matplotlib.patches import Patch
 
     trials = sorted(study.trials.values(), key=lambda t: t.trial_id)
     total = len(trials)
@@ -241,6 +241,49 @@ def timeline_figure(study: Study) -> Figure:
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     font = TIMELINE_FONT_PT
+    labels = _draw_epochs(ax, trials, spans, t0, font)
+    ax.set_yticks(range(len(trials)), [f"trial {t.trial_id} ({t.state})" for t in trials])
+    ax.set_ylim(max(len(trials), 1) - 0.5, -0.5)  # trial 0 on top
+    ax.tick_params(labelsize=font)
+    ax.set_xlabel("seconds since the first epoch was handed out", fontsize=font)
+    shown = f" ({len(trials)} of {total} trials: those that ran longest)" \
+        if len(trials) < total else ""
+    ax.set_title(f"{study.spec.name}: epochs by phase and system config{shown}",
+                 fontsize=font + 2)
+    # Two rows: the phases (the epochs), then what is not the epoch.
+    handles = [
+        Patch(color=PHASE_COLOURS["profile"], label="profile epoch"),
+        Patch(color=STARTUP_COLOUR, label="start-up: handed out → worker, build, load"),
+        Patch(color=PHASE_COLOURS["probe"], label="probe epoch"),
+        Patch(color=PROFILER_COLOUR, label="profiler set-up + read-out"),
+        Patch(color=PHASE_COLOURS["train"], label="train epoch"),
+        Patch(color=SAVE_COLOUR, label="checkpoint save"),
+    ]
+    legend = fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.0),
+                        ncols=3, fontsize=font, title_fontsize=font, frameon=False,
+                        title="bars: each epoch's training + evaluation on its worker, "
+                              "by phase; bands before a bar: its start-up, then the "
+                              "profiler's set-up + read-out")
+    # The legend sits under the axes, off the data: the layout keeps its height free.
+    height = legend.get_window_extent(fig.canvas.get_renderer()).height / fig.bbox.height
+    fig.tight_layout(rect=(0, height, 1, 1))
+    _label_bars(fig, ax, labels)
+    return fig
+
+
+#: Bar height in rows; the room (points) a label keeps from its bar's edges; the width
+#: (points) under which a bar loses its outline, which would hide its colour.
+BAR_HEIGHT = 0.6
+LABEL_MARGIN_PT = 1.5
+OUTLINE_MIN_PT = 3.0
+
+
+def _draw_epochs(ax: Any, trials: list[Any], spans: dict[tuple[int, int], Any], t0: float,
+                 font: float) -> list[tuple[Any, list[str]]]:
+    """Each trial's row of :func:`timeline_figure`: its epochs' bars and bands, and a
+    failed trial's mark; the epoch bars with their candidate labels."""
+    from matplotlib.patches import Rectangle
+
     # (row, left, width, colour, gid) per kind, each bar added as a plain rectangle kept
     # out of the layout's measure, the limits set once (a barh call per bar, measured by
     # the layout, took 3.3 s for 480 epochs; one barh per kind 1.4 s).
@@ -277,41 +320,7 @@ def timeline_figure(study: Study) -> Figure:
     if edges:
         ax.update_datalim(edges)
         ax.autoscale_view()
-    labels = list(zip(drawn["epoch"], texts, strict=True))
-    ax.set_yticks(range(len(trials)), [f"trial {t.trial_id} ({t.state})" for t in trials])
-    ax.set_ylim(max(len(trials), 1) - 0.5, -0.5)  # trial 0 on top
-    ax.tick_params(labelsize=font)
-    ax.set_xlabel("seconds since the first epoch was handed out", fontsize=font)
-    shown = f" ({len(trials)} of {total} trials: those that ran longest)" \
-        if len(trials) < total else ""
-    ax.set_title(f"{study.spec.name}: epochs by phase and system config{shown}",
-                 fontsize=font + 2)
-    # Two rows: the phases (the epochs), then what is not the epoch.
-    handles = [
-        Patch(color=PHASE_COLOURS["profile"], label="profile epoch"),
-        Patch(color=STARTUP_COLOUR, label="start-up: handed out → worker, build, load"),
-        Patch(color=PHASE_COLOURS["probe"], label="probe epoch"),
-        Patch(color=PROFILER_COLOUR, label="profiler set-up + read-out"),
-        Patch(color=PHASE_COLOURS["train"], label="train epoch"),
-        Patch(color=SAVE_COLOUR, label="checkpoint save"),
-    ]
-    legend = fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.0),
-                        ncols=3, fontsize=font, title_fontsize=font, frameon=False,
-                        title="bars: each epoch's training + evaluation on its worker, "
-                              "by phase; bands before a bar: its start-up, then the "
-                              "profiler's set-up + read-out")
-    # The legend sits under the axes, off the data: the layout keeps its height free.
-    height = legend.get_window_extent(fig.canvas.get_renderer()).height / fig.bbox.height
-    fig.tight_layout(rect=(0, height, 1, 1))
-    _label_bars(fig, ax, labels)
-    return fig
-
-
-#: Bar height in rows; the room (points) a label keeps from its bar's edges; the width
-#: (points) under which a bar loses its outline, which would hide its colour.
-BAR_HEIGHT = 0.6
-LABEL_MARGIN_PT = 1.5
-OUTLINE_MIN_PT = 3.0
+    return list(zip(drawn["epoch"], texts, strict=True))
 
 
 def _label_bars(fig: Figure, ax: Any, labels: list[tuple[Any, list[str]]]) -> None:

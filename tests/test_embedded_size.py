@@ -16,7 +16,7 @@ import yaml
 from known import CONV_JOB, noisy, synthetic_job
 
 from pipetune.cli.tune_display import SUMMARY_ROWS, summary_rows
-from pipetune.dask.cluster import SIZE_ENV, EmbeddedSize, embedded_size, size_embedded_cluster
+from pipetune.dask.size import SIZE_ENV, EmbeddedSize, embedded_size, size_embedded_cluster
 from pipetune.errors import PipetuneError
 
 PIPETUNE = [sys.executable, "-m", "pipetune"]

@@ -190,17 +190,23 @@ def test_mlflow_keeps_every_epoch_of_a_study_that_fails_half_way(prefect_api_url
     assert [m.step for m in client.get_metric_history(second.info.run_id, "train_loss")] == [1]
 
 
-def test_an_ended_trial_s_model_goes_with_the_next_epoch_sent_to_its_worker(client, tmp_path):
+def test_an_ended_trial_s_model_goes_with_the_next_epoch_sent_to_its_worker(tmp_path):
     """A trial's release is no task of its own: the next epoch sent to the worker that
     holds its model drops it first, so the workers hold only live trials' models."""
+    from distributed import Client
+
     from pipetune.backends import DaskBackend
 
+    with process_cluster() as cluster, Client(cluster, set_as_default=False) as client:
+        _release_rides_on_the_next_epoch(client, tmp_path, DaskBackend(client))
+
+
+def _release_rides_on_the_next_epoch(client, tmp_path, backend) -> None:
     def held() -> dict[str, int]:
         return client.run(lambda: sum(1 for key in __import__(
             "pipetune.runner", fromlist=["LIVE_TRIALS"]).LIVE_TRIALS._entries
             if key[0] == "rel"))
 
-    backend = DaskBackend(client)
     first = [backend.run(epoch_task(tmp_path, t, 1, study="rel")) for t in (0, 1)]
     assert sorted(held().values()) == [1, 1]
     for t in (0, 1):

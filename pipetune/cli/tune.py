@@ -34,7 +34,7 @@ def _check_options(args: argparse.Namespace) -> None:
         option = "--workers" if args.workers else "--cores-per-worker"
         raise SpecError(option, "sizes the embedded cluster: not with --dask-address "
                         "(size that cluster's workers where it is started)")
-    from pipetune.dask.cluster import size_embedded_cluster
+    from pipetune.dask.size import size_embedded_cluster
 
     if not args.dask_address:  # also what a warm service started now is keyed by
         size_embedded_cluster(args.workers, args.cores_per_worker)

@@ -83,7 +83,7 @@ class BackgroundStartup:
         self.marks.mark("job checked")
         self.spec = spec
         self.tracking_uri = args.tracking_uri or default_tracking_uri()
-        from pipetune.dask.cluster import embedded_size
+        from pipetune.dask.size import embedded_size
         from pipetune.system.config import MachineInfo
 
         self.core_budget = embedded_size().core_budget(MachineInfo.detect().cores)

@@ -156,10 +156,9 @@ class DaskBackend(EpochBackend):
                     continue
                 self._queue.remove(task)
                 cpus = self.placer.pin(task, worker, workers)
-                release = self._unreleased.pop((worker, task.study_id), ())
+                release = tuple(self._unreleased.pop((worker, task.study_id), ()))
                 if cpus or release:
-                    task = dataclasses.replace(task, cpus=cpus or task.cpus,
-                                               release=tuple(release))
+                    task = dataclasses.replace(task, cpus=cpus or task.cpus, release=release)
                 self._send(task, worker, why, remote_epoch, task, resources=resources,
                            **placed_on(worker))
 
@@ -403,36 +402,30 @@ class DaskBackend(EpochBackend):
 
     def release(self, study_id: str, trial_id: int | None = None) -> None:
         with self._lock:
-            if trial_id is not None:
+            if trial_id is not None:  # its model goes with the next epoch sent there
                 home = self.placer.home.pop((study_id, trial_id), None)
-            else:
-                home = None
-                for key in [k for k in self.placer.home if k[0] == study_id]:
-                    del self.placer.home[key]
-        if trial_id is not None:
-            if home:  # dropped first by the next epoch sent there (one task fewer a trial)
-                with self._lock:
+                if home:
                     self._unreleased.setdefault((home, study_id), []).append(trial_id)
-        else:
-            with self._lock:
-                for key in [k for k in self._unreleased if k[1] == study_id]:
-                    del self._unreleased[key]
-            # Not on a retired worker (a frozen one never answers), nor failing on a
-            # worker that leaves meanwhile: its models and pending writes go with it.
-            # A worker that froze while idle (never retired: only busy workers are
-            # watched) would never answer: the broadcast is given FROZEN_S, then left.
-            live = list(self.placer.workers(fresh=True))
-            if live:
-                asked = threading.Thread(
-                    target=self.client.run, args=(remote_release, study_id, None),
-                    kwargs={"workers": live, "on_error": "return"}, daemon=True,
-                    name="pipetune-release")
-                asked.start()
-                asked.join(self.FROZEN_S)
-                if asked.is_alive():
-                    logger.warning("releasing study %s: a worker did not answer within "
-                                   "%.0f s (frozen?); its models go when it does",
-                                   study_id, self.FROZEN_S)
+                return
+            for key in [k for k in self.placer.home if k[0] == study_id]:
+                del self.placer.home[key]
+            self._unreleased = {k: v for k, v in self._unreleased.items() if k[1] != study_id}
+        # Not on a retired worker (a frozen one never answers), nor failing on a
+        # worker that leaves meanwhile: its models and pending writes go with it.
+        # A worker that froze while idle (never retired: only busy workers are
+        # watched) would never answer: the broadcast is given FROZEN_S, then left.
+        live = list(self.placer.workers(fresh=True))
+        if live:
+            asked = threading.Thread(
+                target=self.client.run, args=(remote_release, study_id, None),
+                kwargs={"workers": live, "on_error": "return"}, daemon=True,
+                name="pipetune-release")
+            asked.start()
+            asked.join(self.FROZEN_S)
+            if asked.is_alive():
+                logger.warning("releasing study %s: a worker did not answer within "
+                               "%.0f s (frozen?); its models go when it does",
+                               study_id, self.FROZEN_S)
 
     def cancel(self) -> None:
         with self._lock:

@@ -109,6 +109,7 @@ class GroundTruth:
         self._fit_lock = threading.Lock()
         #: The records as last read, keyed by the store's snapshot (:meth:`_records`).
         self._read: tuple[bytes, Records] | None = None
+        self._read_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"GroundTruth({self.location!r})"
@@ -116,12 +117,12 @@ class GroundTruth:
     def __getstate__(self) -> dict[str, Any]:  # crosses processes without its fit or lock
         state = dict(self.__dict__)
         state["_fit"] = state["_read"] = None
-        del state["_fit_lock"]
+        del state["_fit_lock"], state["_read_lock"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._fit_lock = threading.Lock()
+        self._fit_lock, self._read_lock = threading.Lock(), threading.Lock()
 
     # -- settings: read from the store and the similarity section ----------------------
     location = _forward("_store", "location", "Where it is, for messages: the JSON file, or "
@@ -373,7 +374,7 @@ class GroundTruth:
         """Every record, read again only when the store changed since the last read (its
         snapshot: one small query): a study asks for each trial it starts, and a store
         of many studies' records is long."""
-        with self._fit_lock:
+        with self._read_lock:  # not the fit's: a refit runs for a second beside the study
             raw = self._store.snapshot()
             if self._read is None or self._read[0] != raw:
                 self._read = (raw, self._store.parse(raw))
