@@ -41,11 +41,13 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from load import MemorySampler  # noqa: E402  (a sibling script: one sampler for both)
 
 
 def job(name: str, trials: int, slots: int, epochs: int) -> dict:
@@ -81,52 +83,19 @@ def _env(folder: Path) -> dict[str, str]:
     return env
 
 
-class Memory(threading.Thread):
-    """Every 0.5 s: the resident memory (MB) of the command's own process (the driver,
-    with ``--keep-warm 0``) and of its recorder, against the trials its study's journal
-    says have started. With a warm service the study runs in the service's driver, not
-    in the command: nothing is sampled then."""
-
-    def __init__(self, pid: int, studies: Path, name: str):
-        super().__init__(daemon=True)
-        self.pid, self.studies, self.name = pid, studies, name
-        self.rows: list[tuple[int, float, float]] = []
-        self.done = threading.Event()
-
-    def _trials_started(self) -> int:
-        found = sorted(self.studies.glob(f"{self.name}-*/events.jsonl"))
-        if not found:
-            return 0
-        with open(found[-1], "rb") as fh:
-            return sum(1 for line in fh if b'"kind": "start"' in line)
-
-    def run(self) -> None:
-        import psutil
-
-        while not self.done.wait(0.5):
-            try:
-                proc = psutil.Process(self.pid)
-                driver = proc.memory_info().rss / 2**20
-                recorder = sum(c.memory_info().rss for c in proc.children(recursive=True)
-                               if "pipetune.sidecar" in " ".join(c.cmdline())) / 2**20
-            except psutil.Error:
-                continue
-            if recorder:
-                self.rows.append((self._trials_started(), driver, recorder))
-
-    def growth(self, early: int = 200) -> dict | None:
-        """Driver and recorder memory at the first sample past ``early`` trials started
-        and at the last sample: MB each, and the growth between."""
-        after = [r for r in self.rows if r[0] >= early]
-        if len(after) < 2:
-            return None
-        (n0, d0, r0), (n1, d1, r1) = after[0], after[-1]
-        return {"trials": [n0, n1], "driver_mb": [d0, d1], "recorder_mb": [r0, r1],
-                "driver_growth": d1 / d0 - 1, "recorder_growth": r1 / r0 - 1}
+def growth(sampler: MemorySampler, early: int = 200) -> dict | None:
+    """Driver and recorder memory at the first sample past ``early`` trials started
+    (the warm-up's 2 counted too) and at the last sample: MB each, and the growth."""
+    after = [r for r in sampler.rows if r[1] >= early and r[3] > 0]
+    if len(after) < 2:
+        return None
+    (_, n0, d0, r0), (_, n1, d1, r1) = after[0], after[-1]
+    return {"trials": [n0, n1], "driver_mb": [d0, d1], "recorder_mb": [r0, r1],
+            "driver_growth": d1 / d0 - 1, "recorder_growth": r1 / r0 - 1}
 
 
 def _tune(folder: Path, spec: dict, slots: int,
-          memory: bool = False) -> tuple[str, float, Memory | None]:
+          memory: bool = False) -> tuple[str, float, MemorySampler | None]:
     path = folder / f"{spec['name']}.json"
     path.write_text(json.dumps(spec))
     started = time.monotonic()
@@ -135,7 +104,7 @@ def _tune(folder: Path, spec: dict, slots: int,
         [sys.executable, "-m", "pipetune", "tune", str(path), *sized],
         cwd=folder, env=_env(folder), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
-    sampler = Memory(proc.pid, folder / "home" / "studies", spec["name"]) if memory else None
+    sampler = MemorySampler(proc.pid, folder / "home" / "studies") if memory else None
     if sampler is not None:
         sampler.start()
     out, err = proc.communicate(timeout=7200)
@@ -167,7 +136,7 @@ def run_pipetune(folder: Path, spec: dict, slots: int) -> dict:
     busy = re.search(r"slots busy (\d+)%", out)
     return {"whole_s": whole, "tuning_s": tuning, "marks": marks,
             "slots_busy": int(busy.group(1)) / 100 if busy else None,
-            "memory": sampler.growth() if sampler is not None else None,
+            "memory": growth(sampler) if sampler is not None else None,
             "records": records(folder, spec)}
 
 

@@ -72,33 +72,26 @@ def _open(event: str, tid: int, flags: int) -> tuple[int, int]:
     return (fd, 0) if fd >= 0 else (-1, ctypes.get_errno())
 
 
-def _refused(code: int) -> bool:
-    return code in (errno.EACCES, errno.EPERM)
-
-
 @functools.cache
-def _user_only() -> bool:
-    """Whether this user may count only user space (asked once, on task-clock)."""
+def _flags() -> int:
+    """The counters' flags: inherited by new threads; user space only where this user
+    may not count the kernel's side (asked once, on task-clock)."""
     fd, code = _open("task-clock", 0, _INHERIT)
     if fd >= 0:
         os.close(fd)
-        return False
-    return _refused(code)
+        return _INHERIT
+    refused = code in (errno.EACCES, errno.EPERM)
+    return _INHERIT | (_EXCLUDE_KERNEL | _EXCLUDE_HV if refused else 0)
 
 
+@functools.cache
 def kernel_support() -> str | None:
     """``"hardware"`` if the kernel counts this process's hardware events for this user,
     ``"software"`` if only software events, None if it counts none (or this is not
     Linux on a machine this module knows)."""
-    return _kernel_support()
-
-
-@functools.cache
-def _kernel_support() -> str | None:
-    flags = _INHERIT | ((_EXCLUDE_KERNEL | _EXCLUDE_HV) if _user_only() else 0)
     found = []
     for event in ("task-clock", "cycles"):
-        fd, _ = _open(event, 0, flags)
+        fd, _ = _open(event, 0, _flags())
         if fd >= 0:
             os.close(fd)
             found.append(event)
@@ -129,22 +122,18 @@ class KernelCounters:
 
     def start(self) -> bool:
         """Open the counters on every thread now; False if none could be."""
-        flags = _INHERIT | ((_EXCLUDE_KERNEL | _EXCLUDE_HV) if _user_only() else 0)
         try:
             threads = [int(t) for t in os.listdir("/proc/self/task")]
         except OSError:
             return False
         for event in self.events:
             for tid in threads:
-                fd, code = _open(event, tid, flags)
+                fd, code = _open(event, tid, _flags())
                 if fd >= 0:
                     self._fds.setdefault(event, []).append(fd)
-                elif code not in (errno.ESRCH, errno.ENOENT) or tid == threads[0]:
-                    if code != errno.ESRCH:  # a thread that ended meanwhile is no loss
-                        self.unsupported.add(event)
-        if not self._fds:
-            return False
-        return True
+                elif code != errno.ESRCH:  # a thread that ended meanwhile is no loss
+                    self.unsupported.add(event)
+        return bool(self._fds)
 
     def interrupt(self) -> None:
         """Nothing to ask: the counts are read by :meth:`stop`."""
