@@ -108,6 +108,12 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
     add_bench(subparsers)
 
 
+def _add_simulate(subparsers: argparse._SubParsersAction) -> None:
+    from pipetune.cli.simulate import add_simulate
+
+    add_simulate(subparsers)
+
+
 def _add_deploy(subparsers: argparse._SubParsersAction) -> None:
     from pipetune.cli.deploy import add_deploy_commands
 
@@ -118,6 +124,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_validate,
     _add_orchestration,
     _add_bench,
+    _add_simulate,
     _add_deploy,
 ]
 

@@ -38,6 +38,7 @@ from pipetune.engine.events import (
     Unconfirmed,
 )
 from pipetune.engine.failures import Broken, FailureCount, traceback_text
+from pipetune.engine.in_flight import InFlight
 from pipetune.engine.journal import JournalError
 from pipetune.engine.known import job_key, unconfirmed_because
 from pipetune.engine.one_time import OneTimeLedger, later_epochs_per_slot, trials_left
@@ -120,7 +121,7 @@ class Study:
         )
         self.trials: dict[int, Trial] = {}
         self._queue: deque[EpochTask] = deque()
-        self._in_flight: dict[tuple[int, int], EpochTask] = {}
+        self._in_flight = InFlight()
         self._searcher_exhausted = False
         #: (trial, epoch) -> [ready, handed out, reported back] wall-clock times, for the
         #: orchestration-overhead figures (what happens around an epoch's own work).
@@ -170,7 +171,7 @@ class Study:
         return len(self.trials) - self._ended_count
 
     def _free_cores(self) -> int:
-        return self.core_budget - sum(t.system.cores for t in self._in_flight.values())
+        return self.core_budget - self._in_flight.cores
 
     def _start_trial(self) -> EpochTask | None:
         if self._searcher_exhausted or len(self.trials) >= self.spec.search.trials:
@@ -261,7 +262,7 @@ class Study:
             out.append(task)
         now = time.time()
         for task in out:
-            self._in_flight[(task.trial_id, task.epoch)] = task
+            self._in_flight.add(task)
             times = self.epoch_times.setdefault((task.trial_id, task.epoch), [now, now, math.nan])
             times[1] = now
         return out
@@ -302,7 +303,7 @@ class Study:
         """Record a finished epoch; return whether the trial goes on (the scheduler's call).
         Observers hear of it (:class:`~pipetune.engine.events.EpochFinished`) before any policy
         is consulted, so a record of it survives a failing policy."""
-        self._in_flight.pop((result.trial_id, result.epoch), None)
+        self._in_flight.pop(result.trial_id, result.epoch)
         if (result.trial_id, result.epoch) in self.epoch_times:
             self.epoch_times[(result.trial_id, result.epoch)][2] = time.time()
         trial = self.trials[result.trial_id]
@@ -363,7 +364,7 @@ class Study:
                     trial_id, epoch, traceback_text(self.study_id, self.spec.workload.name,
                                                     trial, epoch, failure)))
         self._emit(EpochFailed(trial, epoch, error, trial.traceback_file))
-        self._in_flight.pop((trial_id, epoch), None)
+        self._in_flight.pop(trial_id, epoch)
         self._end(trial, TrialState.FAILED, error=error)
         if failure is None or self._replaying or self.broken is not None:
             return
@@ -433,9 +434,7 @@ class Study:
             known_one_time=self.one_time.for_next_epoch(trial),
             one_time_price=self.one_time.price(),
             reuse_epochs=later_epochs_per_slot(self.spec, self.scheduler, trials_left(self)),
-            probed_elsewhere=any(
-                task.trial_id != trial_id and task.phase is Phase.PROBE
-                and task.system.one_time_knobs() for task in self._in_flight.values()),
+            probed_elsewhere=self._in_flight.one_time_probe_elsewhere(trial_id),
             alone_cores=self._idle_cores_for(trial),
         )
 
@@ -447,8 +446,7 @@ class Study:
             return None
         if trials_left(self):
             return None
-        others = [t for t in self.trials.values()
-                  if t.state == TrialState.RUNNING and t.trial_id != trial.trial_id]
+        others = self._active() - (trial.state == TrialState.RUNNING)
         return None if others else min(self.core_budget, self.tuner.machine.cores)
 
     def apply_decision(self, trial_id: int, decision: TuningDecision, *,

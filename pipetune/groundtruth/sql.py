@@ -9,16 +9,14 @@ Writers are serialised: :meth:`SqlStore.mutate` is one transaction that starts w
 ``LOCK TABLE ... IN SHARE ROW EXCLUSIVE MODE`` on PostgreSQL (readers are never
 blocked) and ``BEGIN IMMEDIATE`` on SQLite (SQLAlchemy's pysqlite transaction recipe,
 a busy timeout, WAL journal so readers are not blocked either). Records are validated
-with :func:`~pipetune.groundtruth.store.record_problem` on write and on read; a bad row
-is reported by its row id and :meth:`SqlStore.repair` deletes the bad rows after
-exporting the whole table to a JSON backup file.
+with :func:`~pipetune.groundtruth.store.record_problem` on write and on read (a row's
+text once per process); a bad row is reported by its row id and :meth:`SqlStore.repair`
+deletes the bad rows after exporting the whole table to a JSON backup file.
 
-The tables and engines are in :mod:`pipetune.groundtruth.sqlschema` (the store pickles
-without its engine); URLs, masked passwords and the wait for a server that does not
-answer in :mod:`pipetune.groundtruth.sql_connect`. Every read and write is one
-transaction, run again whole while the server does not answer; a write whose COMMIT
-got no answer is found again by its token and not written twice
-(:meth:`SqlStore._transaction`). SQLite files are not retried.
+Tables and engines: :mod:`~pipetune.groundtruth.sqlschema` (the store pickles without
+its engine); URLs, masked passwords, the wait for a server: ``sql_connect``. Each read
+and write is one transaction, run again whole while a server does not answer; a write
+whose COMMIT got no answer is found by its token, not written twice (SQLite: no retry).
 """
 
 from __future__ import annotations
@@ -105,13 +103,14 @@ class SqlStore:
         self._legacy_checked = legacy is None
         self._engine_obj: Engine | None = None
         self._engine_key: tuple[int, str] | None = None
+        self._checked: dict[int, tuple[str, str | None]] = {}  # id -> (text, problem)
 
     def __repr__(self) -> str:
         return f"SqlStore({self.location!r})"
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_engine_obj"] = state["_engine_key"] = None
+        state.update(_engine_obj=None, _engine_key=None, _checked={})
         return state
 
     @property
@@ -246,17 +245,20 @@ class SqlStore:
                 log.debug("ground-truth schema created by another process: %s", err.orig)
 
     # -- reading --------------------------------------------------------------------
-    @staticmethod
-    def _rows(conn: Connection) -> list[_Row]:
-        rows = []
-        for rid, text in conn.execute(
-                sa.select(records_table.c.id, records_table.c.record).order_by(records_table.c.id)):
+    def _rows(self, conn: Connection) -> list[_Row]:  # a row checked before: not again
+        checked, rows, now = self._checked, [], {}
+        rc = records_table.c
+        for rid, text in conn.execute(sa.select(rc.id, rc.record).order_by(rc.id)):
             try:
                 rec = json.loads(text)
             except (ValueError, TypeError, RecursionError) as err:
                 rows.append(_Row(rid, text, None, f"is not valid JSON ({err})"))
                 continue
-            rows.append(_Row(rid, text, rec, record_problem(rec)))
+            text_why = checked.get(rid)  # the check depends on the text alone
+            now[rid] = (text, text_why[1] if text_why and text_why[0] == text
+                        else record_problem(rec))
+            rows.append(_Row(rid, text, rec, now[rid][1]))
+        self._checked = now
         return rows
 
     def _report(self, rows: list[_Row]) -> StoreReport:
@@ -285,12 +287,11 @@ class SqlStore:
         write between the two makes the next snapshot differ, so the cache refreshes)."""
         return self.read()
 
-    def __len__(self) -> int:
-        return len(self.read())
-
     def check(self) -> int:
         """Read and validate the whole store now; return its record count."""
         return len(self.read())
+
+    __len__ = check
 
     def audit(self) -> StoreReport:
         """Every problem in the store, by row id, without raising for them."""
@@ -342,9 +343,8 @@ class SqlStore:
             if new or (kept and row.id < kept[-1].id):
                 in_order = False
             kept.append(row)
-            text = self._encode(rec)
-            if text != row.text and json.loads(row.text) != rec:  # changed in place
-                updates.append((row.id, text))
+            if json.loads(row.text) != rec:  # changed in place
+                updates.append((row.id, self._encode(rec)))
         if not in_order:  # reordered: write them all again, in the new order
             gone = [r.id for r in rows]
             new = [self._encode(rec) for rec in after]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 import warnings
 
@@ -15,12 +16,12 @@ MODES: tuple[str, ...] = ("max", "min")
 PRIOR_TRIALS = 1.0
 
 
-def _quantile(values: list[float], q: float) -> float:
+def _quantile(values: list[float], q: float, *, presorted: bool = False) -> float:
     """The ``q`` quantile with linear interpolation between order statistics.
 
     The same as ``numpy.percentile(values, 100 * q)`` with its default method.
     """
-    xs = sorted(values)
+    xs = values if presorted else sorted(values)
     pos = q * (len(xs) - 1)
     lo = math.floor(pos)
     hi = min(lo + 1, len(xs) - 1)
@@ -75,6 +76,8 @@ class ASHAScheduler(Scheduler):
         self._rungs = tuple(rungs)
         # rung epoch -> trial_id -> value, oriented so that larger is better
         self._values: dict[int, dict[int, float]] = {r: {} for r in self._rungs}
+        #: The same values per rung, kept sorted: a decision costs the same at any size.
+        self._ranked: dict[int, list[float]] = {r: [] for r in self._rungs}
         # rung epoch -> trial_id -> whether it went on past the rung
         self._promoted: dict[int, dict[int, bool]] = {r: {} for r in self._rungs}
 
@@ -142,13 +145,17 @@ class ASHAScheduler(Scheduler):
         values = self._values.get(epoch)
         if values is None:
             return Decision.CONTINUE
+        ranked = self._ranked[epoch]
+        before = values.pop(trial_id, None)
+        if before is not None:  # told again: its earlier value is not one of the others
+            del ranked[bisect.bisect_left(ranked, before)]
         if not math.isfinite(value):
-            values.pop(trial_id, None)
             self._promoted[epoch][trial_id] = False
             return Decision.STOP
         score = value if self.mode == "max" else -value
-        others = [v for t, v in values.items() if t != trial_id]
+        stop = bool(ranked) and score < _quantile(ranked, 1.0 - 1.0 / self.reduction_factor,
+                                                   presorted=True)
         values[trial_id] = score
-        stop = bool(others) and score < _quantile(others, 1.0 - 1.0 / self.reduction_factor)
+        bisect.insort(ranked, score)
         self._promoted[epoch][trial_id] = not stop
         return Decision.STOP if stop else Decision.CONTINUE

@@ -96,7 +96,7 @@ class JobSpec(_Section):
         spec = handler(data)
         spec.system.check_machine((info.context or {}).get("machine"))
         workload_cls = spec.workload.resolve()
-        _check_workload_params(workload_cls, spec)
+        _check_workload_params(workload_cls, spec, (info.context or {}).get("machine"))
         metrics = tuple(getattr(workload_cls, "metrics", ()))
         metric = spec.objective.metric
         if metric is None:
@@ -178,7 +178,8 @@ def _unchanged(override: Any, current: Any) -> bool:
     return override is None or (type(override) is type(current) and override == current)
 
 
-def _check_workload_params(workload_cls: type, spec: JobSpec) -> None:
+def _check_workload_params(workload_cls: type, spec: JobSpec,
+                           machine: MachineInfo | None = None) -> None:
     """Build the workload once (construction is cheap by contract and checks its params)
     and, where the class lists its hyperparameters, check the space's names."""
     try:
@@ -194,7 +195,7 @@ def _check_workload_params(workload_cls: type, spec: JobSpec) -> None:
         raise SpecError(
             "workload", f"{spec.workload.name} failed to build from workload.params: "
             f"{one_line(e)}") from None
-    check_system_hyperparameters(spec)
+    check_system_hyperparameters(spec, machine)
     known = getattr(workload_cls, "hparam_specs", None)
     if isinstance(known, Mapping) and known:
         for name, dist in spec.hyperparameters.items():

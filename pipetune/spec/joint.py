@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipetune.errors import SpecError
 from pipetune.space import Choice
-from pipetune.system.config import KNOBS, SystemConfig
+from pipetune.system.config import KNOBS, MachineInfo, SystemConfig
 
 if TYPE_CHECKING:
     from pipetune.spec import JobSpec
@@ -21,9 +21,10 @@ if TYPE_CHECKING:
 SYSTEM_HPARAM_PREFIX = "system."
 
 
-def check_system_hyperparameters(spec: JobSpec) -> None:
+def check_system_hyperparameters(spec: JobSpec, machine: MachineInfo | None = None) -> None:
     """Refuse ``system.<knob>`` hyperparameters unless pipetune is off, the knob exists,
-    and every value is a choice that makes a config this machine can honour."""
+    and every value is a choice that makes a config ``machine`` (default: this one) can
+    honour."""
     names = [n for n in spec.hyperparameters if n.startswith(SYSTEM_HPARAM_PREFIX)]
     if not names:
         return
@@ -43,7 +44,7 @@ def check_system_hyperparameters(spec: JobSpec) -> None:
         for value in dist.values:
             try:
                 config = SystemConfig.from_dict({**spec.system.default.to_dict(), knob: value})
-                config.check_machine(where=where)
+                config.check_machine(machine, where=where)
             except SpecError as e:
                 raise SpecError(where, f"value {value!r}: {e.message}") from None
 
