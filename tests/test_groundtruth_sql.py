@@ -298,3 +298,44 @@ def test_a_corrupt_old_json_stops_the_default_store_until_it_is_repaired(tmp_pat
     assert GroundTruth(home / "groundtruth.db").check() == 0  # nothing was imported
     GroundTruth(legacy).repair()
     assert GroundTruth().check() == 1
+
+
+def test_a_handle_that_wrote_sees_a_bad_row_added_behind_its_back_on_its_next_write(location):
+    """Each store remembers the rows it read or wrote (a write reads the whole table); a
+    row added since by another hand, or a write through another handle, is seen."""
+    gt = GroundTruth(location)
+    _fill(gt)  # this handle now holds the table as it wrote it
+    GroundTruth(location).remember(noisy(CONV_JOB, 7), 32, "time", CORES2, 0.2, trial="o")
+    assert len(_records(gt)) == 5  # another handle's write: read again
+    _insert_behind_its_back(location, "{not json")
+    with pytest.raises(GroundTruthError, match="not a valid ground.truth.*repair"):
+        gt.remember(noisy(CONV_JOB, 8), 32, "time", CORES2, 0.3, trial="late")
+    assert not gt.audit().ok
+
+
+def test_leaders_walk_the_rows_in_order_nearest_first_of_equals():
+    """The leader of each row, against the definition walked row by row."""
+    import numpy as np
+
+    from pipetune.groundtruth.model import leaders, noise_distance
+
+    def walked(x, bound):
+        found, out = [], []
+        for i, row in enumerate(x):
+            d = noise_distance(CLUSTER_FEATURES, x[found], row) if found else np.array([])
+            if len(d) and d.min() <= bound:
+                out.append(found[int(np.argmin(d))])
+            else:
+                found.append(i)
+                out.append(i)
+        return out
+
+    rng = np.random.default_rng(0)
+    k = len(CLUSTER_FEATURES)
+    for _ in range(100):
+        n, c = int(rng.integers(1, 40)), int(rng.integers(1, 5))
+        centres = rng.normal(0, 5, (c, k)) * rng.choice([1, 100], (c, k))
+        x = centres[rng.integers(0, c, n)] * (1 + rng.normal(0, 0.3, (n, k)))
+        x = np.vstack([x, x[:3]])  # rows equal to earlier ones
+        for bound in (0.5, 2.0):
+            assert leaders(x, bound) == walked(x, bound)

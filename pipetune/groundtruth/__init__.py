@@ -110,6 +110,9 @@ class GroundTruth:
         #: The records as last read, keyed by the store's snapshot (:meth:`_records`).
         self._read: tuple[bytes, Records] | None = None
         self._read_lock = threading.Lock()
+        #: known()'s answers for the records last read (a GroundTruthMatch is frozen).
+        self._known: tuple[Records | None, dict[tuple[str, str], Any]] = (None, {})
+        self._refit = [False, False]  # a background fit asked for, a thread fitting
 
     def __repr__(self) -> str:
         return f"GroundTruth({self.location!r})"
@@ -117,6 +120,7 @@ class GroundTruth:
     def __getstate__(self) -> dict[str, Any]:  # crosses processes without its fit or lock
         state = dict(self.__dict__)
         state["_fit"] = state["_read"] = None
+        state["_known"], state["_refit"] = (None, {}), [False, False]
         del state["_fit_lock"], state["_read_lock"]
         return state
 
@@ -239,16 +243,27 @@ class GroundTruth:
         :meth:`pipetune.engine.study.Study.job_key`), or ``None`` when none is recorded. The
         answer names the model graph signature behind it (``known_graph``), which the
         trial's first epoch confirms, and the config's one-time cost and speed-up."""
+        objective = check_objective(objective)
+        if not job_key:
+            return None
+        records = self._records()
+        with self._read_lock:  # the answer, per content read: thousands of trials ask
+            if self._known[0] is not records:
+                self._known = (records, {})
+            answers = self._known[1]
+        if (job_key, objective) not in answers:
+            answers[(job_key, objective)] = self._known_in(records, job_key, objective)
+        return answers[(job_key, objective)]
+
+    @staticmethod
+    def _known_in(records: Records, job_key: str, objective: str) -> GroundTruthMatch | None:
         import collections
         import json
         import statistics
 
         from pipetune.groundtruth.model import best_config, config_key, median_field
 
-        objective = check_objective(objective)
-        if not job_key:
-            return None
-        recs = [r for r in self._records()
+        recs = [r for r in records
                 if r.get("job_key") == job_key and r.get("objective") == objective]
         if not recs:
             return None
@@ -389,12 +404,26 @@ class GroundTruth:
 
     def prepare_in_background(self) -> None:
         """Fit the clusters in a background thread; the next lookup waits for that fit
-        instead of doing its own, and reports a broken store itself."""
-        def fit_quietly() -> None:
-            with contextlib.suppress(Exception):
-                self._fitted()
+        instead of doing its own, and reports a broken store itself. While one fits,
+        asking again fits once more when it is done (not once per ask: a study of
+        thousands of trials remembers many a second)."""
+        def fit_while_asked() -> None:
+            while True:
+                with self._read_lock:
+                    if not self._refit[0]:
+                        self._refit[1] = False  # no thread fits now
+                        return
+                    self._refit[0] = False
+                with contextlib.suppress(Exception):
+                    self._fitted()
 
-        threading.Thread(target=fit_quietly, daemon=True, name="pipetune-groundtruth-fit").start()
+        with self._read_lock:
+            self._refit[0] = True  # asked
+            if self._refit[1]:  # a thread fits, and will again
+                return
+            self._refit[1] = True
+        threading.Thread(target=fit_while_asked, daemon=True,
+                         name="pipetune-groundtruth-fit").start()
 
     def _fitted(self) -> Fit | None:
         with self._fit_lock:

@@ -268,21 +268,30 @@ def profile_features(profile: Profile) -> dict[str, float]:
 def leaders(x: Any, min_bound: float) -> list[int]:
     """Each row's distinct profile, as a row index: walking the rows in order, a row
     farther than ``min_bound`` from every distinct row before it is distinct (its
-    own leader); any other row belongs to the nearest of those."""
+    own leader); any other row belongs to the nearest of those (the first of equals).
+
+    Computed leader by leader: each new one's distances to every row after it, so a
+    store of thousands of records of a few profiles costs a few array operations."""
     import numpy as np
 
-    found: list[int] = []
-    out: list[int] = []
-    for i, row in enumerate(x):
-        if found:
-            dists = noise_distance(CLUSTER_FEATURES, x[found], row)
-            nearest = int(np.argmin(dists))
-            if dists[nearest] <= min_bound:
-                out.append(found[nearest])
-                continue
-        found.append(i)
-        out.append(i)
-    return out
+    x = np.asarray(x, dtype=float)
+    n = len(x)
+    out = np.arange(n)
+    nearest = np.full(n, np.inf)  # each row's distance to its nearest leader so far
+    i = 0
+    while i < n:
+        far = np.flatnonzero(nearest[i:] > min_bound)
+        if not len(far):
+            break  # every row left belongs to a leader before it
+        lead = i + int(far[0])
+        out[lead] = lead
+        if lead + 1 < n:
+            dists = noise_distance(CLUSTER_FEATURES, x[lead + 1:], x[lead])
+            closer = dists < nearest[lead + 1:]
+            nearest[lead + 1:][closer] = dists[closer]
+            out[lead + 1:][closer] = lead
+        i = lead + 1
+    return [int(v) for v in out]
 
 
 def config_key(rec: dict[str, Any]) -> str:

@@ -28,7 +28,6 @@ import os
 import re
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,6 +38,8 @@ from sqlalchemy.engine import URL, Connection, Engine
 
 from pipetune.errors import GroundTruthError
 from pipetune.groundtruth.sql_connect import _Waiting, mask, retry_budget, sql_url
+from pipetune.groundtruth.sql_rows import Row as _Row
+from pipetune.groundtruth.sql_rows import RowCache
 from pipetune.groundtruth.sqlschema import (
     ENGINES,
     ENGINES_LOCK,
@@ -72,13 +73,6 @@ T = TypeVar("T")
 
 _SCHEMA_LOCK = 0x70697065  # PostgreSQL advisory lock key for creating the schema ("pipe")
 
-@dataclass(frozen=True)
-class _Row:
-    id: int
-    text: str
-    record: Any  # the decoded JSON (None when it is not JSON)
-    why: str | None  # what is wrong with it, or None
-
 
 class SqlStore:
     """The records of one ground truth in the database at ``url``.
@@ -103,14 +97,14 @@ class SqlStore:
         self._legacy_checked = legacy is None
         self._engine_obj: Engine | None = None
         self._engine_key: tuple[int, str] | None = None
-        self._checked: dict[int, tuple[str, str | None]] = {}  # id -> (text, problem)
+        self._cache = RowCache()  # the rows as last read or written
 
     def __repr__(self) -> str:
         return f"SqlStore({self.location!r})"
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_engine_obj=None, _engine_key=None, _checked={})
+        state.update(_engine_obj=None, _engine_key=None)
         return state
 
     @property
@@ -245,21 +239,11 @@ class SqlStore:
                 log.debug("ground-truth schema created by another process: %s", err.orig)
 
     # -- reading --------------------------------------------------------------------
-    def _rows(self, conn: Connection) -> list[_Row]:  # a row checked before: not again
-        checked, rows, now = self._checked, [], {}
-        rc = records_table.c
-        for rid, text in conn.execute(sa.select(rc.id, rc.record).order_by(rc.id)):
-            try:
-                rec = json.loads(text)
-            except (ValueError, TypeError, RecursionError) as err:
-                rows.append(_Row(rid, text, None, f"is not valid JSON ({err})"))
-                continue
-            text_why = checked.get(rid)  # the check depends on the text alone
-            now[rid] = (text, text_why[1] if text_why and text_why[0] == text
-                        else record_problem(rec))
-            rows.append(_Row(rid, text, rec, now[rid][1]))
-        self._checked = now
-        return rows
+    def _rows(self, conn: Connection) -> list[_Row]:
+        return self._cache.read(conn)
+
+    def _fresh_rows(self, conn: Connection) -> list[_Row]:
+        return self._cache.read(conn, fresh=True)
 
     def _report(self, rows: list[_Row]) -> StoreReport:
         bad = tuple((r.id, r.why) for r in rows if r.why is not None)
@@ -268,7 +252,7 @@ class SqlStore:
     def _valid(self, rows: list[_Row]) -> Records:
         found = self._report(rows)
         if not found.ok:
-            raise invalid_store(found, self.location, "ground truth", "rows")
+            raise invalid_store(found, self.location, "ground truth", "table")
         return [r.record for r in rows]
 
     def read(self) -> Records:
@@ -295,7 +279,7 @@ class SqlStore:
 
     def audit(self) -> StoreReport:
         """Every problem in the store, by row id, without raising for them."""
-        return self._report(self._transaction(self._rows, write=False))
+        return self._report(self._transaction(self._fresh_rows, write=False))
 
     # -- writing --------------------------------------------------------------------
     @staticmethod
@@ -318,50 +302,56 @@ class SqlStore:
 
         On a database server that restarts meanwhile, ``change`` may be called again on
         the records as they are then (so it must not count on being called once); the
-        change lands once (see :meth:`_transaction`)."""
+        change lands once (see :meth:`_transaction`). ``change`` must not alter a record
+        in place (the records are this process's copy of the table): it returns a new
+        object for a changed record."""
 
-        def write(conn: Connection) -> None:
+        def write(conn: Connection) -> Any:
             rows = self._rows(conn)
-            after = change(list(self._valid(rows)))
-            if self._apply(conn, rows, after):
-                self._bump(conn)
+            kept = self._apply(conn, rows, change(list(self._valid(rows))))
+            if kept is None:
+                return None
+            self._bump(conn)
+            return self._cache.written(conn, kept)
 
-        self._transaction(write, write=True)
+        done = self._transaction(write, write=True)
+        if done is not None:
+            self._cache.committed(*done)
 
-    def _apply(self, conn: Connection, rows: list[_Row], after: Records) -> bool:
-        """Make the table hold ``after``; whether anything changed."""
+    def _apply(self, conn: Connection, rows: list[_Row], after: Records) -> list[_Row] | None:
+        """Make the table hold ``after``; the rows kept as they were (the rest of
+        ``after`` was appended after them), or None when nothing changed."""
+        if len(after) >= len(rows) and all(  # the common case: records appended
+                a is r.record for a, r in zip(after, rows, strict=False)):
+            added = after[len(rows):]
+            return rows if self._write_rows(conn, [], [self._encode(r) for r in added]) else None
         row_of = {id(r.record): r for r in rows}
         kept: list[_Row] = []
-        new: list[str] = []
-        updates: list[tuple[int, str]] = []
-        in_order = True
+        added = []
         for rec in after:
             row = row_of.pop(id(rec), None)
+            if row is not None and (added or (kept and row.id < kept[-1].id)):
+                kept, added = [], list(after)  # reordered: write them all again, in order
+                row_of = {r.id: r for r in rows}
+                break
             if row is None:
-                new.append(self._encode(rec))
-                continue
-            if new or (kept and row.id < kept[-1].id):
-                in_order = False
-            kept.append(row)
-            if json.loads(row.text) != rec:  # changed in place
-                updates.append((row.id, self._encode(rec)))
-        if not in_order:  # reordered: write them all again, in the new order
-            gone = [r.id for r in rows]
-            new = [self._encode(rec) for rec in after]
-            updates = []
-        else:
-            gone = [r.id for r in row_of.values()]
+                added.append(rec)
+            else:
+                kept.append(row)
+        gone = [r.id for r in row_of.values()]
+        return kept if self._write_rows(conn, gone, [self._encode(r) for r in added]) else None
+
+    @staticmethod
+    def _write_rows(conn: Connection, gone: list[int], new: list[str]) -> bool:
+        """Delete rows ``gone``, append ``new``; whether anything changed."""
         for start in range(0, len(gone), 500):
             conn.execute(records_table.delete().where(
                 records_table.c.id.in_(gone[start:start + 500])))
-        for rid, text in updates:
-            conn.execute(records_table.update().where(records_table.c.id == rid)
-                         .values(record=text))
         if new:
             now = datetime.now(UTC)
             conn.execute(records_table.insert(),
                          [{"created_at": now, "record": text} for text in new])
-        return bool(gone or updates or new)
+        return bool(gone or new)
 
     def clear(self) -> int:
         """Delete every row, valid or not; returns how many there were."""
@@ -380,7 +370,7 @@ class SqlStore:
         to a JSON backup (beside a SQLite file; in the pipetune home for a server)."""
 
         def write(conn: Connection) -> Repair:
-            rows = self._rows(conn)
+            rows = self._fresh_rows(conn)
             found = self._report(rows)
             kept = len(rows) - len(found.bad)
             if found.ok:
