@@ -17,14 +17,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-_HEAD = (f"{'strategy':<14} {'trials':>6} {'epochs':>7} {'tuning s':>9} {'core-h':>8} "
-         f"{'cluster-h':>9} {'energy kJ':>9} {'best':>7} {'engine ms/dec':>13} "
+_HEAD = (f"{'strategy':<14} {'trials':>6} {'at once':>7} {'epochs':>7} {'tuning s':>9} "
+         f"{'core-h':>8} {'cluster-h':>9} {'energy kJ':>9} {'best':>7} {'engine ms/dec':>13} "
          f"{'searcher ms/ask':>15} {'groundtruth s':>13} {'wall s':>7}")
 
 
 def _row(sim: Any) -> str:
     best = "-" if sim.best_value is None else f"{sim.best_value:.4g}"
-    return (f"{sim.strategy:<14} {sim.trials:>6} {sim.epochs:>7} {sim.tuning_s:>9.1f} "
+    return (f"{sim.strategy:<14} {sim.trials:>6} {sim.peak_running:>7} {sim.epochs:>7} "
+            f"{sim.tuning_s:>9.1f} "
             f"{sim.core_hours:>8.3f} {sim.cluster_hours:>9.3f} {sim.energy_j / 1000:>9.2f} "
             f"{best:>7} {sim.engine_ms_per_decision:>13.3f} "
             f"{sim.searcher_ms_per_proposal:>15.3f} {sim.groundtruth_s:>13.1f} "
@@ -91,7 +92,7 @@ def run_simulate(args: argparse.Namespace) -> int:
             "job": spec.name, "nodes": cluster.nodes, "cores_per_node": cluster.cores_per_node,
             "gap_s": times.gap_s if args.gap_s is None else args.gap_s,
             "times": list(times.sources), "strategies": [s.to_dict() for s in sims]},
-            indent=1, default=str))
+            default=str))  # one line: a trial per decision list
         print(f"wrote {args.json}")
     return 0
 
