@@ -92,7 +92,7 @@ def run_simulate(args: argparse.Namespace) -> int:
             "job": spec.name, "nodes": cluster.nodes, "cores_per_node": cluster.cores_per_node,
             "gap_s": times.gap_s if args.gap_s is None else args.gap_s,
             "times": list(times.sources), "strategies": [s.to_dict() for s in sims]},
-            default=str))  # one line: a trial per decision list
+            default=str))  # compact: it holds every trial's decisions
         print(f"wrote {args.json}")
     return 0
 

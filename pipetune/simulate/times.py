@@ -183,10 +183,9 @@ class EpochTimes:
     def learned(self, task: EpochTask) -> Recorded:
         """The recorded epoch whose train loss and metrics the task gets."""
         among = self._by_epoch.get(task.epoch)
-        if not among:
-            deepest = max(e for e in self._by_epoch if e <= task.epoch) if any(
-                e <= task.epoch for e in self._by_epoch) else min(self._by_epoch)
-            among = self._by_epoch[deepest]
+        if not among:  # past the deepest recorded epoch: its curve has flattened
+            reached = [e for e in self._by_epoch if e <= task.epoch]
+            among = self._by_epoch[max(reached) if reached else min(self._by_epoch)]
         return self.records[self._nearest(among, task.hparams)]
 
     def costed(self, task: EpochTask) -> Recorded:
