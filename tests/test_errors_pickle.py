@@ -30,6 +30,7 @@ SAMPLES = {
         "checkpoint store refused /ck/s/trial-001/epoch-002.pt (14025 bytes): "
         "[Errno 28] No space left on device"),
     "JournalError": lambda c: c("line 2 is corrupt"),
+    "TimesError": lambda c: c("--times x: no study journal there"),
     "DataError": lambda c: c("result.phase: 'sideways' is not one of 'profile', ..."),
     "StoreUnavailable": lambda c: c("MLflow at http://127.0.0.1:5000 did not answer"),
     "TrackingUnreachable": lambda c: c("the MLflow tracking store at x does not answer", 2),
