@@ -78,7 +78,7 @@ def _task(trial: int, cores: int, times: EpochTimes):
 def test_an_epoch_waits_for_a_node_with_its_cores_free(real):
     _, journal = real
     times = EpochTimes.from_journals([journal])
-    one = dataclasses.replace(times.records[0].result, started=0.0, finished=2.0)
+    one = dataclasses.replace(times.records[0].result, started=0.0, finished=2.0, build_s=0.0)
     times = EpochTimes([dataclasses.replace(times.records[0], result=one)], gap_s=0.5)
     backend = SimulatedBackend(times, nodes=2, cores_per_node=3, gap_s=0.5)
     for trial in range(3):  # 2 cores each: one per node, the third must wait
@@ -93,6 +93,24 @@ def test_an_epoch_waits_for_a_node_with_its_cores_free(real):
     assert third.result.system.cores == 2 and third.result.worker.startswith("sim-node-")
     with pytest.raises(Exception, match="cores-per-node"):
         backend.submit(_task(9, 4, times))
+
+
+def test_a_worker_builds_the_workload_once_on_each_fresh_core(real):
+    """A recorded epoch is played without its process's first build; the simulated
+    cluster charges that build to the first epoch on each core of a node, once."""
+    _, journal = real
+    recorded = EpochTimes.from_journals([journal]).records[0]
+    built = dataclasses.replace(recorded.result, started=0.0, finished=3.0, build_s=1.0)
+    times = EpochTimes([dataclasses.replace(recorded, result=built)], gap_s=0.0)
+    assert times.first_build_s == 1.0 and times.records[0].wall_s == 2.0
+    backend = SimulatedBackend(times, nodes=1, cores_per_node=2)
+    backend.submit(_task(0, 1, times))
+    backend.submit(_task(1, 1, times))
+    first = [backend.wait().result for _ in range(2)]
+    assert [r.finished for r in first] == [3.0, 3.0] and first[0].build_s == 1.0
+    backend.submit(_task(2, 1, times))
+    later = backend.wait().result
+    assert later.finished - later.started == 2.0 and later.build_s == 0.0
 
 
 def test_an_unmeasured_config_is_played_as_the_nearest_measured_one_and_said(real):

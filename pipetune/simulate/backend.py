@@ -12,6 +12,7 @@ returns it, as a real backend returns the next epoch that finishes.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import time
 from collections import deque
@@ -57,6 +58,9 @@ class SimulatedBackend(EpochBackend):
         self._free = [cores_per_node] * nodes
         self._by_free: list[set[int]] = [set() for _ in range(cores_per_node + 1)]
         self._by_free[cores_per_node] = set(range(nodes))
+        #: Cores of each node no epoch has used yet: a worker process there builds
+        #: the workload first (``times.first_build_s``), once.
+        self._fresh = [cores_per_node] * nodes
         self._ready: deque[tuple[float, EpochTask]] = deque()
         self._running: list[tuple[float, int, int, EpochOutcome]] = []  # (end, seq, node, ..)
         self._seq = 0
@@ -114,6 +118,11 @@ class SimulatedBackend(EpochBackend):
     def _start(self, node: int, start: float, ready: float, task: EpochTask) -> None:
         self._hold(node, task.system.cores)
         result = self.times.play(task, start, worker=f"sim-node-{node}")
+        if self._fresh[node]:  # its first epoch on a fresh worker: the build first
+            self._fresh[node] -= min(task.system.cores, self._fresh[node])
+            result = dataclasses.replace(
+                result, finished=result.finished + self.times.first_build_s,
+                build_s=self.times.first_build_s, setup_s=result.setup_s + self.times.first_build_s)
         usage = self.usage
         usage.epochs += 1
         usage.core_s += task.system.cores * (result.finished - result.started)

@@ -21,6 +21,9 @@ range counts its difference over its span (log-spaced ones in logs).
 
 ``gap_s`` is the median time between one epoch's end and its trial's next epoch's
 start in the journals: what the orchestration around an epoch costs on that stack.
+An epoch is played without the workload's first build in its process (``build_s``, the
+data and imports a worker process pays once); ``first_build_s``, the median of what the
+journals' workers paid, is charged once per slot of the simulated cluster.
 """
 
 from __future__ import annotations
@@ -60,7 +63,9 @@ class Recorded:
 
     @property
     def wall_s(self) -> float:
-        return max(self.result.finished - self.result.started, 0.0)
+        """Its wall, without the workload's first build in its process (``build_s``):
+        a process pays that once, which the simulated cluster charges per slot."""
+        return max(self.result.finished - self.result.started - self.result.build_s, 0.0)
 
 
 def read_journal(path: str | Path) -> tuple[list[Recorded], list[float]]:
@@ -105,6 +110,9 @@ class EpochTimes:
             raise TimesError("--times: the journals hold no finished epoch to play back")
         self.records = list(records)
         self.gap_s = gap_s
+        #: What a worker process paid once to build the workload (its data, imports):
+        #: the median over the journals' workers of their first epoch's ``build_s``.
+        self.first_build_s = _first_build_s(self.records)
         self.sources = tuple(sources)
         self._space: Mapping[str, Distribution] | None = None
         self._by_epoch: dict[int, list[int]] = defaultdict(list)
@@ -220,10 +228,20 @@ class EpochTimes:
             system=task.system, train_loss=learned.result.train_loss,
             metrics=dict(learned.result.metrics), checkpoint=task.checkpoint_out,
             started=start, finished=start + cost.wall_s, worker=worker, address=worker,
-            notes=[], reused_model=task.epoch > 1)
+            notes=[], reused_model=task.epoch > 1, build_s=0.0,
+            setup_s=max(src.setup_s - src.build_s, 0.0))
 
     def configs(self) -> list[SystemConfig]:
         return list(self._any_phase)
+
+
+def _first_build_s(records: Sequence[Recorded]) -> float:
+    first: dict[str, EpochResult] = {}
+    for r in records:
+        seen = first.get(r.result.worker)
+        if seen is None or r.result.started < seen.started:
+            first[r.result.worker] = r.result
+    return statistics.median(r.build_s for r in first.values()) if first else 0.0
 
 
 def _profiled(phase: Phase | str) -> bool:
