@@ -58,9 +58,9 @@ class SimulatedBackend(EpochBackend):
         self._free = [cores_per_node] * nodes
         self._by_free: list[set[int]] = [set() for _ in range(cores_per_node + 1)]
         self._by_free[cores_per_node] = set(range(nodes))
-        #: Cores of each node no epoch has used yet: a worker process there builds
-        #: the workload first (``times.first_build_s``), once.
-        self._fresh = [cores_per_node] * nodes
+        #: Most cores each node has held at once: an epoch that takes it past that
+        #: starts a new worker process there, which builds the workload first.
+        self._peak_held = [0] * nodes
         self._ready: deque[tuple[float, EpochTask]] = deque()
         self._running: list[tuple[float, int, int, EpochOutcome]] = []  # (end, seq, node, ..)
         self._seq = 0
@@ -118,8 +118,9 @@ class SimulatedBackend(EpochBackend):
     def _start(self, node: int, start: float, ready: float, task: EpochTask) -> None:
         self._hold(node, task.system.cores)
         result = self.times.play(task, start, worker=f"sim-node-{node}")
-        if self._fresh[node]:  # its first epoch on a fresh worker: the build first
-            self._fresh[node] -= min(task.system.cores, self._fresh[node])
+        held = self.cores_per_node - self._free[node]
+        if held > self._peak_held[node]:  # on a new worker process: the build first
+            self._peak_held[node] = held
             result = dataclasses.replace(
                 result, finished=result.finished + self.times.first_build_s,
                 build_s=self.times.first_build_s, setup_s=result.setup_s + self.times.first_build_s)
