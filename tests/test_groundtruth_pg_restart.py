@@ -82,35 +82,45 @@ def _up(server: PostgresServer) -> None:
     assert pg.port == port
 
 
-def _write(url: str, who: str, out: str, start, stop) -> None:
+def _write(url: str, who: str, out: str, start, stop, stamps, slot: int) -> None:
     """Record (who, 0), (who, 1), ... until ``stop``; then write down how many were
-    recorded and when each ``record`` call began and returned."""
+    recorded and when each ``record`` call began and returned. ``stamps``: when this
+    process's last call began and ended (see :func:`_calls`)."""
     gt = GroundTruth(url)
     start.wait()
     spans = []
     while not stop.is_set():
-        t0 = time.time()
+        t0 = stamps[2 * slot] = time.time()
         gt.remember(noisy(CONV_JOB, len(spans)), 32, "time", CORES2, 0.01, job=who,
                   trial=str(len(spans)), job_key="conv")
         spans.append((t0, time.time()))
+        stamps[2 * slot + 1] = spans[-1][1]
         time.sleep(0.05)
     Path(out).write_text(json.dumps(spans))
 
 
-def _read(url: str, out: str, start, stop) -> None:
+def _read(url: str, out: str, start, stop, stamps, slot: int) -> None:
     """Look up, ask for the known job and count the records until ``stop``; write down
-    each round's span, count and whether both answered."""
+    each round's span, count and whether both answered (``stamps`` as for writers)."""
     gt = GroundTruth(url)
     start.wait()
     reads = []
     while not stop.is_set():
-        t0 = time.time()
+        t0 = stamps[2 * slot] = time.time()
         hit = gt.lookup(noisy(CONV_JOB, 0), 32, "time").hit
         known = gt.known("conv", "time")
         hit = hit and known is not None and known.config == CORES2
-        reads.append((t0, time.time(), len(gt), hit))
+        count = len(gt)  # a read too: the round ends after it
+        reads.append((t0, time.time(), count, hit))
+        stamps[2 * slot + 1] = reads[-1][1]
         time.sleep(0.05)
     Path(out).write_text(json.dumps(reads))
+
+
+def _calls(stamps) -> list[tuple[float, float]]:
+    """Each process's last call: (when it began, when it ended). A spawned process is
+    scheduled late on a loaded machine, so the test waits for calls, not for seconds."""
+    return [(stamps[i], stamps[i + 1]) for i in range(0, len(stamps), 2)]
 
 
 def _wait_for(what, timeout: float = 60.0) -> None:
@@ -128,20 +138,27 @@ def test_reads_and_writes_go_on_through_a_restart_and_no_record_is_lost_or_doubl
     assert gt.check() == 0
     ctx = multiprocessing.get_context("spawn")
     start, stop = ctx.Event(), ctx.Event()
-    procs = [ctx.Process(target=_write, args=(url, who, str(tmp_path / who), start, stop))
-             for who in WRITERS]
-    procs.append(ctx.Process(target=_read, args=(url, str(tmp_path / "reads"), start, stop)))
+    stamps = ctx.Array("d", 2 * (len(WRITERS) + 1), lock=False)
+    procs = [ctx.Process(target=_write,
+                         args=(url, who, str(tmp_path / who), start, stop, stamps, i))
+             for i, who in enumerate(WRITERS)]
+    procs.append(ctx.Process(target=_read, args=(url, str(tmp_path / "reads"), start, stop,
+                                                 stamps, len(WRITERS))))
     for p in procs:
         p.start()
     try:
         start.set()
-        _wait_for(lambda: len(gt) >= 6)  # every process is under way
+        # every process is under way: each has ended a call
+        _wait_for(lambda: len(gt) >= 6 and all(e > 0 for _, e in _calls(stamps)))
         _down(server, how)
         away = time.time()
-        time.sleep(1.0)  # every process tries, fails and waits
+        time.sleep(0.5)
+        # every process is in a call while the server is away: it tries, fails and waits
+        _wait_for(lambda: all(b > e for b, e in _calls(stamps)))
         back = time.time()  # the server is still away
         _up(server)
-        _wait_for(lambda: len(gt) >= 6 + 2 * len(WRITERS))  # going on after the restart
+        # going on after the restart: each has ended a call since
+        _wait_for(lambda: all(e > back for _, e in _calls(stamps)))
     finally:
         stop.set()
         for p in procs:
