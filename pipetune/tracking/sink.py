@@ -15,7 +15,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pipetune.tracking.runs import StudyRuns, WriterError
+from pipetune.tracking.runs import MAX_TAGS_PER_BATCH, StudyRuns, WriterError
 from pipetune.tracking.spool import (
     START_WAIT_ENV,
     SUMMARY_TIMEOUT_S,
@@ -53,6 +53,8 @@ class _Buffer:
     metrics: list[tuple[str, float, int, int]] = field(default_factory=list)
     params: dict[str, str] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
+    #: A trial run to create before the rest is written: (trial id, start time).
+    create: tuple[int, int | None] | None = None
 
 
 def _runs_attribute(name: str) -> property:
@@ -281,8 +283,12 @@ class MlflowSink:
         error: Exception | None = None
         for run, buf in pending.items():
             try:
-                self._write("log_batch", run, buf.metrics, list(buf.params.items()),
-                            list(buf.tags.items()))
+                tags = list(buf.tags.items())
+                if buf.create is not None:  # created with the tags sent for it by now
+                    first, tags = tags[:MAX_TAGS_PER_BATCH], tags[MAX_TAGS_PER_BATCH:]
+                    self._write("create_child", *buf.create, first)
+                if buf.metrics or buf.params or tags:
+                    self._write("log_batch", run, buf.metrics, list(buf.params.items()), tags)
             except Exception as e:  # noqa: BLE001 - the other runs are still written
                 if error is None:
                     error = e
@@ -297,9 +303,10 @@ class MlflowSink:
 
     def create_child(self, trial_id: int, start_time: int | None = None) -> None:
         """The run of trial ``trial_id``, a child of the study's, starting at
-        ``start_time`` (ms since the epoch: when the trial started; default now)."""
-        self.idle()
-        self._write("create_child", trial_id, start_time)
+        ``start_time`` (ms since the epoch: when the trial started; default now). It is
+        created when what is buffered is next written, before the rest and in order,
+        with the tags sent for it by then: one store call where two were."""
+        self._pending.setdefault(("trial", trial_id), _Buffer()).create = (trial_id, start_time)
 
     def log_profiles(self, run: Hashable, rows: list[dict[str, Any]]) -> None:
         import pandas as pd
