@@ -285,8 +285,8 @@ class MlflowSink:
             try:
                 tags = list(buf.tags.items())
                 if buf.create is not None:  # created with the tags sent for it by now
-                    first, tags = tags[:MAX_TAGS_PER_BATCH], tags[MAX_TAGS_PER_BATCH:]
-                    self._write("create_child", *buf.create, first)
+                    self._write("create_child", *buf.create, tags[:MAX_TAGS_PER_BATCH])
+                    tags = tags[MAX_TAGS_PER_BATCH:]
                 if buf.metrics or buf.params or tags:
                     self._write("log_batch", run, buf.metrics, list(buf.params.items()), tags)
             except Exception as e:  # noqa: BLE001 - the other runs are still written
@@ -302,10 +302,9 @@ class MlflowSink:
             raise error
 
     def create_child(self, trial_id: int, start_time: int | None = None) -> None:
-        """The run of trial ``trial_id``, a child of the study's, starting at
-        ``start_time`` (ms since the epoch: when the trial started; default now). It is
-        created when what is buffered is next written, before the rest and in order,
-        with the tags sent for it by then: one store call where two were."""
+        """The run of trial ``trial_id``, a child of the study's, starting at ``start_time``
+        (ms since the epoch; default now): created at the next write of what is buffered,
+        in order, with the tags sent for it by then (one store call where two were)."""
         self._pending.setdefault(("trial", trial_id), _Buffer()).create = (trial_id, start_time)
 
     def log_profiles(self, run: Hashable, rows: list[dict[str, Any]]) -> None:
@@ -445,8 +444,7 @@ class MlflowSink:
         return sent
 
 
-#: The writes a spool holds (methods of :class:`~pipetune.tracking.runs.StudyRuns`), and those whose
-#: first argument is a run (a run id, or ``("trial", trial id)``: a list in JSON).
+#: The writes a spool holds (:class:`StudyRuns` methods); those whose first argument is a run.
 SPOOLED_OPS = frozenset({"create_child", "log_batch", "log_text", "terminate", "reopen",
                          "finish_study", "fail_study"})
 RUN_OPS = frozenset({"log_batch", "log_text", "terminate"})
