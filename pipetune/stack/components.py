@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pipetune.dask.address import TLS_ENV, is_loopback
+from pipetune.dask.cluster import quiet_env
 from pipetune.errors import PipetuneError
 from pipetune.net import free_port
 from pipetune.prefect_server import RECORDER_SETTINGS
@@ -353,7 +354,8 @@ class Launcher:
             argv += ["--no-dashboard"]  # bokeh is not installed: no dashboard to serve
         # The driver resends an epoch whose worker died, once; the scheduler must not
         # also retry it (README "Workers that die").
-        env = {**self.base_env(), "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0"}
+        env = {**quiet_env(), **self.base_env(),
+               "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0"}
         return self.launch("dask-scheduler", argv, env,
                            self.state["urls"]["dask_scheduler"],
                            lambda: probes.tcp_ok(self.local, port), cwd=folder)
@@ -368,7 +370,7 @@ class Launcher:
             name = f"w-{i}"
             home = self.dir / "workers" / name
             home.mkdir(parents=True, exist_ok=True)
-            env = self.client_env()
+            env = {**quiet_env(), **self.client_env()}  # the user's DASK_* settings win
             env["HOME"] = str(home)
             env["PREFECT_HOME"] = str(home / ".prefect")
             env.pop("PIPETUNE_HOME", None)
