@@ -115,6 +115,16 @@ def test_stack_up_serves_every_component_and_down_stops_them(stack_dir):
         seen = client.run(lambda: (os.environ["HOME"], os.environ.get("PREFECT_API_URL"),
                                    os.environ.get("MLFLOW_TRACKING_URI"),
                                    os.environ.get("PIPETUNE_CHECKPOINTS"), os.getcwd()))
+        # As quiet as the embedded cluster: no profiler sampling each worker every 10 ms.
+        import dask
+
+        from pipetune.dask.cluster import QUIET_CLUSTER
+
+        quiet = client.run(lambda: {k: dask.config.get(k) for k in QUIET_CLUSTER})
+        on_scheduler = client.run_on_scheduler(
+            lambda: dask.config.get("distributed.admin.tick.interval"))
+    assert on_scheduler == QUIET_CLUSTER["distributed.admin.tick.interval"]
+    assert list(quiet.values()) == [QUIET_CLUSTER] * 2
     homes = [home for home, *_ in seen.values()]
     assert len(set(homes)) == 2
     assert all(Path(h).parent == stack_dir / "workers" for h in homes)

@@ -221,3 +221,57 @@ def test_batches_respect_mlflow_limits_and_keep_order():
     assert [p for _, ps, _ in out for p in ps] == params
     assert [t for _, _, ts in out for t in ts] == tags
     assert list(batches([], [], [])) == []
+
+
+class StoreCalls(MlflowClient):
+    """A real client that writes down each run creation's tag keys and each
+    ``log_batch``'s sizes, and refuses ``log_text`` (which reads the whole run back from
+    the store to find where its artifacts go)."""
+
+    def __init__(self, uri: str):
+        super().__init__(uri)
+        self.calls: list[tuple] = []
+
+    def create_run(self, *args, **kwargs):
+        self.calls.append(("create_run", sorted(kwargs.get("tags") or {})))
+        return super().create_run(*args, **kwargs)
+
+    def log_batch(self, run_id, metrics=(), params=(), tags=(), **kwargs):
+        self.calls.append(("log_batch", len(metrics), len(params), len(tags)))
+        return super().log_batch(run_id, metrics=metrics, params=params, tags=tags, **kwargs)
+
+    def log_text(self, *args, **kwargs):
+        raise AssertionError("a trial run's artifact went through MlflowClient.log_text")
+
+
+def test_a_trial_run_is_created_with_its_tags_and_its_artifacts_go_straight_in(tmp_path):
+    """What a trial sends before its run is written goes in two store calls: the run
+    with its tags, then one batch of metrics and params; its profile table is written to
+    the run's artifact location without asking the store where that is."""
+    import mlflow.artifacts
+
+    from pipetune.tracking import MlflowSink
+
+    client = StoreCalls(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    sink = MlflowSink(client=client, tracking_uri=client.tracking_uri,
+                      tags={"pipetune.study_id": "calls"})
+    sink.open_study("pipetune", "calls", {}, [], [])
+    client.calls.clear()
+    sink.create_child(0)
+    sink.log(("trial", 0), [("train_loss", 0.5, 1, 1001)], [("lr", "0.1")],
+             [("epoch.001.phase", "profile")])
+    sink.log(("trial", 0), [("accuracy", 0.9, 1, 1001)], (), [("outcome", "completed")])
+    sink.log_text(("trial", 0), "a,b\n1,2\n", "profiles.csv")
+    sink.terminate(("trial", 0), "FINISHED", 2000)
+
+    created = [c for c in client.calls if c[0] == "create_run"]
+    assert len(created) == 1
+    assert {"epoch.001.phase", "outcome", "pipetune.study_id"} <= set(created[0][1])
+    assert [c for c in client.calls if c[0] == "log_batch"] == [("log_batch", 2, 1, 0)]
+    run = client.get_run(sink.children()[0])
+    assert run.data.tags["epoch.001.phase"] == "profile"
+    assert run.data.tags["outcome"] == "completed" and run.data.params == {"lr": "0.1"}
+    assert run.data.metrics == {"train_loss": 0.5, "accuracy": 0.9}
+    assert run.info.status == "FINISHED"
+    text = mlflow.artifacts.load_text(f"{run.info.artifact_uri}/profiles.csv")
+    assert text == "a,b\n1,2\n"
