@@ -41,24 +41,28 @@ def _epochs_finished(tmp_path: Path) -> int:
                for line in events.read_text(errors="replace").splitlines())
 
 
-def _start_tune(tmp_path: Path, name: str, *extra: str, **popen: object) -> subprocess.Popen:
+def _start_tune(tmp_path: Path, name: str, *extra: str, args: tuple[str, ...] | None = None,
+                **popen: object) -> subprocess.Popen:
     """A real ``pipetune tune`` of a study long enough to be stopped part-way, in its
-    own homes; the embedded server, cluster and recorder are its children."""
+    own homes; the embedded server, cluster and recorder are its children. ``args``:
+    the command's arguments in place of ``job.yaml *extra``."""
     job = synthetic_job(name, trials=8)
     job["workload"]["params"]["base_seconds"] = 3.0
     job["search"]["max_concurrent"] = 2
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     env = tune_env(tmp_path)
-    return subprocess.Popen([sys.executable, "-m", "pipetune", "tune", "job.yaml", *extra],
+    args = args if args is not None else ("job.yaml", *extra)
+    return subprocess.Popen([sys.executable, "-m", "pipetune", "tune", *args],
                             cwd=tmp_path, env=env, **popen)
 
 
-def _resume_finishes_the_study(tmp_path: Path, name: str) -> None:
+def _resume_finishes_the_study(tmp_path: Path, name: str,
+                               args: tuple[str, ...] = ("job.yaml", "--resume")) -> None:
     """``tune --resume`` finishes the stopped study in the same MLflow runs: every
     epoch of the study logged exactly once, so none that finished ran again."""
     db = tmp_path / "mlflow.db"
     before = _epochs_logged(db)
-    proc = _start_tune(tmp_path, name, "--resume", stdout=subprocess.PIPE,
+    proc = _start_tune(tmp_path, name, args=args, stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, text=True)
     out, err = proc.communicate(timeout=400)
     assert proc.returncode == 0, err[-3000:]
@@ -151,4 +155,5 @@ def test_nothing_outlives_a_sigkilled_tune_by_20_s(tmp_path):
     _, alive = psutil.wait_procs(started, timeout=20)
     running = [p for p in alive if _running(p)]
     assert not running, [" ".join(p.cmdline()[:4]) for p in running]
-    _resume_finishes_the_study(tmp_path, "killed")
+    # the job file after --resume, as people write it: the job, its newest study resumed
+    _resume_finishes_the_study(tmp_path, "killed", args=("--resume", "job.yaml"))

@@ -93,3 +93,19 @@ def test_help_does_not_import_torch(args):
     assert result.returncode == 0
     assert "validate" in result.stdout
     assert "torch" not in result.stderr
+
+
+def test_version_prints_the_version():
+    from pipetune import __version__
+
+    result = pipetune("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"pipetune {__version__} (Python ")
+
+
+def test_tune_without_a_job_file_exits_2_naming_it():
+    for args in (("tune",), ("tune", "--resume"), ("tune", "--resume", "0123abc")):
+        result = pipetune(*args)
+        assert result.returncode == 2, args
+        assert "error: JOB.yaml: is missing: give the job file" in result.stderr, args
+        assert "Traceback" not in result.stderr

@@ -134,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pipetune",
         description="Tune a deep-learning job's hyperparameters and system parameters together.",
     )
+    from pipetune import __version__
+
+    parser.add_argument("--version", action="version",
+                        version=f"pipetune {__version__} (Python {sys.version.split()[0]})")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in COMMANDS:
         add(subparsers)

@@ -14,6 +14,7 @@ import re
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from pipetune.cli import quiet_defaults
 from pipetune.cli.tune_display import LiveDisplay, print_summary
@@ -48,8 +49,28 @@ def _check_options(args: argparse.Namespace) -> None:
 
 
 def run_tune(args: argparse.Namespace) -> int:
+    _job_after_resume(args)
     with _stop_on_signals():
         return _run_tune(args)
+
+
+def _job_after_resume(args: argparse.Namespace) -> None:
+    """``pipetune tune --resume JOB.yaml``: ``--resume`` takes an optional study id, so
+    the job file written after it arrives as that id. A job file there is the job, and
+    the newest unfinished study of it is resumed."""
+    if args.job is not None:
+        return
+    named = args.resume if args.resume not in (None, "latest") else None
+    if named is not None and (Path(named).suffix.lower() in JOB_SUFFIXES
+                              or Path(named).is_file()):
+        args.job, args.resume = named, "latest"
+        return
+    raise SpecError("JOB.yaml", "is missing: give the job file, e.g. "
+                    "`pipetune tune job.yaml` or `pipetune tune job.yaml --resume`")
+
+
+#: What a job file's name ends with (``load_spec`` reads YAML and JSON).
+JOB_SUFFIXES = (".yaml", ".yml", ".json")
 
 
 @contextlib.contextmanager
@@ -352,7 +373,7 @@ def add_tune(subparsers: argparse._SubParsersAction) -> None:
         description="Tune JOB.yaml. With no PREFECT_API_URL set, a local Prefect server is "
         "started on 127.0.0.1 for the run; with no --dask-address, a Dask LocalCluster.",
     )
-    p.add_argument("job", metavar="JOB.yaml")
+    p.add_argument("job", metavar="JOB.yaml", nargs="?")
     p.add_argument("--trials", type=int, default=None, help="override search.trials")
     p.add_argument("--dask-address", default=None,
                    help="use an existing Dask scheduler (default: $PIPETUNE_DASK_ADDRESS); "
