@@ -107,5 +107,5 @@ def test_tune_without_a_job_file_exits_2_naming_it():
     for args in (("tune",), ("tune", "--resume"), ("tune", "--resume", "0123abc")):
         result = pipetune(*args)
         assert result.returncode == 2, args
-        assert "error: JOB.yaml: is missing: give the job file" in result.stderr, args
+        assert "error: the following arguments are required: JOB.yaml" in result.stderr, args
         assert "Traceback" not in result.stderr

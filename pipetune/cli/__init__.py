@@ -129,8 +129,21 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
 ]
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser that lets a command check what it parsed, as parsing: its
+    ``after_parse(parser, args)`` default may rewrite ``args`` or call ``parser.error``
+    (exit 2), so a bad command line is refused before anything runs."""
+
+    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201
+        parsed, rest = super().parse_known_args(args, namespace)
+        after = getattr(parsed, "after_parse", None)
+        if after is not None:
+            after(self, parsed)
+        return parsed, rest
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="pipetune",
         description="Tune a deep-learning job's hyperparameters and system parameters together.",
     )

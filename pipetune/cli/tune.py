@@ -49,15 +49,14 @@ def _check_options(args: argparse.Namespace) -> None:
 
 
 def run_tune(args: argparse.Namespace) -> int:
-    _job_after_resume(args)
     with _stop_on_signals():
         return _run_tune(args)
 
 
-def _job_after_resume(args: argparse.Namespace) -> None:
+def _job_after_resume(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """``pipetune tune --resume JOB.yaml``: ``--resume`` takes an optional study id, so
     the job file written after it arrives as that id. A job file there is the job, and
-    the newest unfinished study of it is resumed."""
+    the newest unfinished study of it is resumed. No job file at all is refused."""
     if args.job is not None:
         return
     named = args.resume if args.resume not in (None, "latest") else None
@@ -65,8 +64,8 @@ def _job_after_resume(args: argparse.Namespace) -> None:
                               or Path(named).is_file()):
         args.job, args.resume = named, "latest"
         return
-    raise SpecError("JOB.yaml", "is missing: give the job file, e.g. "
-                    "`pipetune tune job.yaml` or `pipetune tune job.yaml --resume`")
+    parser.error("the following arguments are required: JOB.yaml (e.g. `pipetune tune "
+                 "job.yaml`, or `pipetune tune job.yaml --resume`)")
 
 
 #: What a job file's name ends with (``load_spec`` reads YAML and JSON).
@@ -408,7 +407,7 @@ def add_tune(subparsers: argparse._SubParsersAction) -> None:
                    "server and Dask cluster running this long after the last command, for "
                    "the next one (default: $PIPETUNE_KEEP_WARM_S, else 600; 0: start and "
                    "stop them with this command)")
-    p.set_defaults(run=run_tune)
+    p.set_defaults(run=run_tune, after_parse=_job_after_resume)
 
 
 # -- ui ----------------------------------------------------------------------------------
