@@ -157,6 +157,9 @@ def test_a_team_tunes_through_the_stack(stack, tmp_path):
     assert {t.info.status for t in trials} == {"FINISHED"}, [
         (t.data.tags.get("outcome"), t.data.tags.get("error")) for t in trials]
     assert parent.data.metrics["study_probe_epochs"] >= 1  # a fresh ground truth: it probed
+    # Each trial's profile table, written through the server's artifact proxy.
+    for t in trials:
+        assert "profiles.csv" in [a.path for a in client.list_artifacts(t.info.run_id)]
     # Checkpoints are artifacts of the study's run, at most best + last per trial.
     for trial in range(3):
         folder = f"checkpoints/{study_id}/trial-{trial:03d}"

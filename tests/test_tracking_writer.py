@@ -275,3 +275,20 @@ def test_a_trial_run_is_created_with_its_tags_and_its_artifacts_go_straight_in(t
     assert run.info.status == "FINISHED"
     text = mlflow.artifacts.load_text(f"{run.info.artifact_uri}/profiles.csv")
     assert text == "a,b\n1,2\n"
+
+
+def test_a_trial_run_created_already_still_gets_the_tags_sent_with_its_creation(tmp_path):
+    """A creation sent again (its first answer lost, replayed from a spool) finds the
+    run and still sets the tags that came with it."""
+    from pipetune.tracking.runs import StudyRuns
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("again")
+    parent = client.create_run(experiment).info.run_id
+    runs = StudyRuns(tags={"pipetune.study_id": "again"}, experiment_id=experiment,
+                     parent_run_id=parent, client=client)
+    runs.create_child(0, 1000, [("first", "1")], unsure=False)
+    runs.create_child(0, 1000, [("second", "2")], unsure=True)
+    children = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}'")
+    assert len(children) == 1
+    assert {"first": "1", "second": "2"}.items() <= children[0].data.tags.items()

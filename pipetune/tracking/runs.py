@@ -127,7 +127,9 @@ class StudyRuns:
         transaction) as the run's creation, where ``log_batch`` would be a second one."""
         if unsure and trial_id not in self.children:  # created before its call failed?
             self.children.update(self.children_from_store())
-        if trial_id in self.children:
+        if trial_id in self.children:  # its tags go on it anyway (setting one is idempotent)
+            if tags:
+                self.log_batch(("trial", trial_id), (), (), tags, unsure=False)
             return
         run = self.client.create_run(
             self.experiment_id,
