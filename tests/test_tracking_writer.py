@@ -292,3 +292,22 @@ def test_a_trial_run_created_already_still_gets_the_tags_sent_with_its_creation(
     children = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}'")
     assert len(children) == 1
     assert {"first": "1", "second": "2"}.items() <= children[0].data.tags.items()
+
+
+def test_the_experiment_opens_on_model_training_unless_its_kind_is_set(tmp_path):
+    """MLflow's UI opens an experiment without ``mlflow.experimentKind`` on the GenAI
+    overview: pipetune's experiment gets the Model-training kind, an experiment an older
+    pipetune made gets it on the next study, and a kind the user chose stays."""
+    from pipetune.tracking import ensure_experiment
+    from pipetune.tracking.store import EXPERIMENT_KIND_TAG
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    made = ensure_experiment(uri)
+    assert client.get_experiment(made).tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+    older = client.create_experiment("older")
+    assert ensure_experiment(uri, "older") == older
+    assert client.get_experiment(older).tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+    mine = client.create_experiment("mine", tags={EXPERIMENT_KIND_TAG: "genai_development"})
+    assert ensure_experiment(uri, "mine") == mine
+    assert client.get_experiment(mine).tags[EXPERIMENT_KIND_TAG] == "genai_development"

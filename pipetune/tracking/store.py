@@ -27,6 +27,13 @@ def _artifact_root(tracking_uri: str) -> str | None:
     return None
 
 
+#: The experiment tag MLflow's UI reads to choose what an experiment opens on, and the
+#: value (its front end's ``ExperimentKind``) for "Model training": without it, MLflow 3
+#: opens pipetune's experiment on the GenAI overview. Set unless one is set already.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
+
 def ensure_experiment(tracking_uri: str, name: str = DEFAULT_EXPERIMENT) -> str:
     """Create the store and the experiment if needed; return the experiment id.
 
@@ -40,10 +47,14 @@ def ensure_experiment(tracking_uri: str, name: str = DEFAULT_EXPERIMENT) -> str:
         client = mlflow_client(tracking_uri)
         experiment = client.get_experiment_by_name(name)
         if experiment is not None:
+            if EXPERIMENT_KIND_TAG not in experiment.tags:  # made by an older pipetune
+                client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG,
+                                          EXPERIMENT_KIND)
             return experiment.experiment_id
         try:
             return client.create_experiment(name,
-                                            artifact_location=_artifact_root(tracking_uri))
+                                            artifact_location=_artifact_root(tracking_uri),
+                                            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
         except MlflowException as e:
             # Another study on the same tracking server created it meanwhile (the file
             # lock above guards only a SQLite store on this machine).
