@@ -34,15 +34,17 @@ EXIT_USAGE = 2
 
 def quiet_defaults(*, quiet_logs: bool = True) -> None:
     """No analytics or telemetry calls home; with ``quiet_logs``, the terminal shows
-    Prefect's and Dask's warnings only (``serve`` and ``stream`` keep Prefect's run
-    logs there). The flow run's own log lines still reach the Prefect server (its Logs
-    tab): only the console handler is raised to WARNING, not the loggers."""
+    Prefect's, Dask's and MLflow's warnings only (``serve`` and ``stream`` keep
+    Prefect's run logs there). The flow run's own log lines still reach the Prefect
+    server (its Logs tab): only the console handler is raised to WARNING, not the
+    loggers."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     if quiet_logs:
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
         os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
         os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # no store-creation INFO
 
 
 def _error(message: str) -> None:

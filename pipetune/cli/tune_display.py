@@ -29,7 +29,8 @@ class LiveDisplay:
         from rich.live import Live
 
         console = Console(stderr=True)
-        self._live = Live(console=console, refresh_per_second=4, transient=False)
+        # Gone when the study ends: the trials table printed then says it all, once.
+        self._live = Live(console=console, refresh_per_second=4, transient=True)
         self._live.__enter__()
         return self
 
