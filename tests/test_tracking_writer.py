@@ -295,9 +295,9 @@ def test_a_trial_run_created_already_still_gets_the_tags_sent_with_its_creation(
 
 
 def test_the_experiment_opens_on_model_training_unless_its_kind_is_set(tmp_path):
-    """MLflow's UI opens an experiment without ``mlflow.experimentKind`` on the GenAI
-    overview: pipetune's experiment gets the Model-training kind, an experiment an older
-    pipetune made gets it on the next study, and a kind the user chose stays."""
+    """pipetune's experiment says its kind (Model training) in ``mlflow.experimentKind``;
+    an experiment an older pipetune made gets it on the next study, and a kind the user
+    chose stays."""
     from pipetune.tracking import ensure_experiment
     from pipetune.tracking.store import EXPERIMENT_KIND_TAG
 

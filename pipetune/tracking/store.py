@@ -27,9 +27,10 @@ def _artifact_root(tracking_uri: str) -> str | None:
     return None
 
 
-#: The experiment tag MLflow's UI reads to choose what an experiment opens on, and the
-#: value (its front end's ``ExperimentKind``) for "Model training": without it, MLflow 3
-#: opens pipetune's experiment on the GenAI overview. Set unless one is set already.
+#: The experiment tag that says an experiment's kind, and the value (MLflow's front end's
+#: ``ExperimentKind``) for "Model training". Set unless one is set already. MLflow 3.17's
+#: UI takes the kind from its GenAI / Model training switch (the link's ``workflowType``,
+#: else the browser's last choice) and reads the tag only with that switch off.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 
