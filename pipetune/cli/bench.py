@@ -73,6 +73,9 @@ def run_bench_command(args: argparse.Namespace) -> int:
             bench, paths = run_bench(job, out_dir=out, tracking_uri=tracking_uri,
                                      command=command, strategies=strategies,
                                      oracle=not args.no_oracle)
+        # Prefect's last logs and events go while its server is up (it stops with this
+        # block); sent at exit, they ended the output with "Error logging to API".
+        flows.study.drain_prefect()
     print(paths["markdown"].read_text(encoding="utf-8"))
     print(f"report: {out} (results.md, results.json, tuning_time.png, metric_vs_time.png)")
     print(f"MLflow: bench run {bench.bench_run_id} (experiment pipetune-bench) in {tracking_uri}")
