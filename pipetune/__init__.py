@@ -14,10 +14,21 @@ _install_own_packages()  # flows, tasks, deployments: ours, whatever the job's f
 
 __all__ = [
     "MachineInfo",
+    "TuneResult",
     "PipetuneError",
     "SpecError",
     "SystemConfig",
     "SystemConfigError",
     "WorkloadError",
     "__version__",
+    "tune",
 ]
+
+
+def __getattr__(name: str):
+    # The Python API (pipetune.api), imported on first use: ``import pipetune`` stays cheap.
+    if name in ("tune", "TuneResult"):
+        from pipetune import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'pipetune' has no attribute {name!r}")

@@ -96,6 +96,36 @@ def _stop_on_signals():
 
 
 def _run_tune(args: argparse.Namespace) -> int:
+    def report(summary: dict, spec, server, warm) -> None:
+        print_summary(summary, spec.objective.metric, os.environ["PREFECT_API_URL"], server,
+                      warm, mode=spec.objective.mode)
+
+    tuned = tune_study(args, display=LiveDisplay, report=report)
+    print(tuned.marks.line())
+    summary = tuned.summary
+    return 0 if summary.get("trials_failed", 0) < summary.get("trials", 0) else 1
+
+
+class Tuned:
+    """What :func:`tune_study` ran: the summary, the study as it ended (its trials and
+    their epochs), its flow run's id where Prefect has it, and the start-up marks."""
+
+    def __init__(self, summary: dict, started, marks: Startup, prefect_ui: str = "") -> None:
+        self.summary, self.marks = summary, marks
+        self.study = started.opened.study
+        self.flow_run_id: str | None = started.flow_run_id
+        #: The Prefect UI that keeps serving the flow run ("": it stopped with the study).
+        self.prefect_ui = prefect_ui
+
+
+def tune_study(args: argparse.Namespace, *, display, report=None) -> Tuned:
+    """Tune ``args.job`` (a job file's path, or a checked
+    :class:`~pipetune.spec.JobSpec`) as ``pipetune tune`` does: on the embedded default
+    or what ``args`` names, the study trained first and its Prefect flow run and MLflow
+    run beside it. ``display(trials, metric)`` is the context that draws its progress
+    (its ``observe`` hears the study's events); ``report(summary, spec, server, warm)``
+    runs once it is done, while the local Prefect server still serves. Raises what
+    stopped it (:class:`~pipetune.errors.PipetuneError`: one line)."""
     from pipetune.home import pipetune_home
     from pipetune.prefect_server import prefect_api
 
@@ -121,13 +151,14 @@ def _run_tune(args: argparse.Namespace) -> int:
             if server is not None:
                 server.on_lost = _quiet_lost_server
                 server.on_restarted = _say_restarted
-            summary = _train_first(args, startup, server)
+            summary, started = _train_first(args, startup, server, display)
             startup_marks.mark("tuning started", summary["started_at"])
             startup_marks.mark("first epoch", summary["first_epoch_at"])
             startup_marks.mark("study done", summary["started_at"] + summary["tuning_wall_s"])
-            print_summary(summary, startup.spec.objective.metric,
-                          os.environ["PREFECT_API_URL"], server, warm,
-                          mode=startup.spec.objective.mode)
+            if report is not None:
+                report(summary, startup.spec, server, warm)
+            ui = "" if server is not None else \
+                os.environ.get("PREFECT_API_URL", "").removesuffix("/api")
     finally:
         startup.close_cluster()
         startup.join_closing()
@@ -144,8 +175,7 @@ def _run_tune(args: argparse.Namespace) -> int:
 
             gc.collect()
     startup_marks.mark("servers stopped")
-    print(startup_marks.line())
-    return 0 if summary.get("trials_failed", 0) < summary.get("trials", 0) else 1
+    return Tuned(summary, started, startup_marks, ui)
 
 
 def _attach_service(args: argparse.Namespace):
@@ -192,12 +222,13 @@ def _study_log(console):
     return log, lines
 
 
-def _train_first(args: argparse.Namespace, startup: BackgroundStartup, server) -> dict:
+def _train_first(args: argparse.Namespace, startup: BackgroundStartup, server,
+                 display_for) -> tuple[dict, object]:
     """The cluster, the study opened and trained here under the live table, its flow run
     created beside it (:mod:`flows.first`); the study's summary. A study that finished
     is a success even if its flow run could not be recorded (the Prefect API never
     answered, or stopped): one ``warning:`` line says what Prefect lacks, after the
-    training."""
+    training. Returns the summary and the started study."""
     from flows.beside import flow_beside
     from flows.first import StartedStudy
     from pipetune.cli._console import FlowConsole, quiet_flow_tracebacks
@@ -249,7 +280,7 @@ def _train_first(args: argparse.Namespace, startup: BackgroundStartup, server) -
         job=spec, tracking_uri=startup.tracking_uri, checkpoint_root=args.checkpoints,
         keep_checkpoints=args.keep_checkpoints, core_budget=startup.core_budget,
         dask_address=args.dask_address, resume=args.resume)
-    display = LiveDisplay(spec.search.trials, spec.objective.metric)
+    display = display_for(spec.search.trials, spec.objective.metric)
 
     def on_finish(event) -> None:
         if isinstance(event, StudyFinished):
@@ -264,7 +295,7 @@ def _train_first(args: argparse.Namespace, startup: BackgroundStartup, server) -
         marks.mark("flow ended")
     if witness.is_alive() or witness.error is not None:
         _say_flow_run_lost(witness, server, console.notices)
-    return summary
+    return summary, started
 
 
 #: How long the command waits, once the study is done, for its flow run to be recorded

@@ -70,11 +70,12 @@ class BackgroundStartup:
 
     def check_job(self) -> None:
         from pipetune.session import StudyOptions, check_study
-        from pipetune.spec import load_spec
+        from pipetune.spec import JobSpec, load_spec
         from pipetune.tracking import default_tracking_uri
 
         args = self.args
-        spec = load_spec(args.job).with_overrides(
+        job = args.job if isinstance(args.job, JobSpec) else load_spec(args.job)
+        spec = job.with_overrides(
             trials=args.trials, pipetune_enabled=False if args.no_pipetune else None
         )
         # Before anything starts (one line, exit 2): the study to resume must exist, the

@@ -72,6 +72,21 @@ class ImportFolders(WorkerPlugin):
         importlib.invalidate_caches()
 
 
+class ShippedWorkload(WorkerPlugin):
+    """Install a workload class sent by value (:mod:`pipetune.workloads.shipped`) on a
+    worker, and on every worker that joins later."""
+
+    idempotent = True  # the same content is not sent again
+
+    def __init__(self, workload: str, data: bytes):
+        self.workload, self.data = workload, data
+
+    def setup(self, worker: Any = None) -> None:
+        from pipetune.workloads import shipped
+
+        shipped.install(self.workload, self.data)
+
+
 #: Folders :class:`ImportFolders` put on this worker's path.
 _folders_added: set[str] = set()
 
@@ -101,6 +116,20 @@ def prepare_workers(client: Client, workload: str, *, ship: bool, where: str) ->
     ``workload``'s module: with ``ship``, send it to them; else give them this host's
     folders. Returns what was done, in words; raises :class:`WorkloadError` when a
     worker still cannot resolve the workload."""
+    from pipetune.workloads import shipped
+
+    data = shipped.blob(workload)
+    if data is not None:  # a class no import path reaches (a notebook's): by value
+        name = f"{SHIP_PLUGIN}{workload.removeprefix(shipped.PREFIX)}"
+        client.register_plugin(ShippedWorkload(workload, data), name=name)
+        failures = _failures(client, workload)
+        if failures:
+            _unregister(client, name)
+            addr, why = next(iter(sorted(failures.items())))
+            raise WorkloadError(
+                f"workload {workload!r} (sent by value) cannot be loaded on the Dask workers "
+                f"of {where}: {addr}: {why}; what its class imports must be installed there")
+        return f"sent {workload} to the workers by value"
     module = workload_module(workload)
     if module is None:
         return "built-in workload: nothing to do"
@@ -226,4 +255,5 @@ def _version(distribution: str | None) -> str:
         return ""
 
 
-__all__ = ["MAX_SHIP_BYTES", "ImportFolders", "check_workload", "prepare_workers"]
+__all__ = ["MAX_SHIP_BYTES", "ImportFolders", "ShippedWorkload", "check_workload",
+           "prepare_workers"]

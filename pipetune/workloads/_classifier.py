@@ -202,6 +202,10 @@ class TorchClassifierWorkload(Workload):
             raise WorkloadError(f"workload {self.name!r}: batch_size is known only after setup()")
         return int(self.hparams["batch_size"])
 
+    def trained_model(self) -> nn.Module:
+        """The model (built by ``setup``, its weights as trained or loaded)."""
+        return self._require_setup()[0]
+
     def _require_setup(self) -> tuple[nn.Module, torch.optim.Optimizer]:
         if self._model is None or self._optimizer is None:
             raise WorkloadError(f"workload {self.name!r}: call setup(hparams, seed) first")
