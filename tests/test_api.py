@@ -154,8 +154,7 @@ def test_errors_are_the_commands_one_line_errors_as_exceptions(tmp_path, monkeyp
 # -- a class sent by value -----------------------------------------------------------------
 
 def test_an_importable_class_goes_by_its_path_and_a_local_one_by_value():
-    from pipetune.workloads import SyntheticWorkload, resolve_workload, torch_workload
-    from pipetune.workloads import shipped
+    from pipetune.workloads import SyntheticWorkload, resolve_workload, shipped, torch_workload
 
     assert shipped.workload_name(SyntheticWorkload) == \
         "pipetune.workloads.synthetic:SyntheticWorkload"
