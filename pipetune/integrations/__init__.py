@@ -1,0 +1,8 @@
+"""Training code written for other libraries, tuned as it is: each integration turns
+that library's own objects into a :class:`~pipetune.workloads.Workload`.
+
+- :mod:`pipetune.integrations.lightning`: a LightningModule and a LightningDataModule
+  (``pip install 'pipetune[lightning]'``).
+
+Importing this package imports none of those libraries.
+"""
