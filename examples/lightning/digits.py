@@ -83,7 +83,8 @@ if __name__ == "__main__":
     trials = int(sys.argv[1]) if len(sys.argv) > 1 else None
     result = pipetune.tune(Path(__file__).with_name("job.yaml"), trials=trials)
     print(result)
-    print(result.trials_dataframe()[["trial", "state", "value", "epochs", "system"]])
+    print(result.trials_dataframe()[["trial", "state", "value", "epochs", "system"]]
+          .to_string(index=False))
     model = result.load_best_model()  # the best trial's DigitsClassifier
     print(f"best model: {type(model).__name__}, {sum(p.numel() for p in model.parameters())} "
           f"parameters; MLflow: {result.links['mlflow']}")
