@@ -228,7 +228,24 @@ def flow_settings(*, own_server: bool) -> contextlib.AbstractContextManager:
 
 def drain_prefect(timeout: float = 5.0) -> None:
     """Send the logs and events Prefect still holds in this process, while its API is
-    up: a server stopped first would leave them retrying at exit for a minute."""
+    up: a server stopped first would leave them retrying at exit for a minute. In a
+    thread that runs an event loop (a notebook's kernel), Prefect's sync calls hand back
+    coroutines: the drain runs in a thread of its own there."""
+    import asyncio
+    import threading
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        _drain(timeout)
+        return
+    drainer = threading.Thread(target=_drain, args=(timeout,), name="pipetune-drain-prefect",
+                               daemon=True)
+    drainer.start()
+    drainer.join(2 * timeout + 1)
+
+
+def _drain(timeout: float) -> None:
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 

@@ -51,6 +51,13 @@ def test_the_example_tunes_its_trainer_job_from_python(tmp_path):
     trials = client.search_runs([parent.info.experiment_id],
                                 f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert len(trials) == 2
+    # Its epochs ran under more than one system config (a probe at least), as recorded.
+    configs = set()
+    for run in trials:
+        histories = [client.get_metric_history(run.info.run_id, k) for k in
+                     ('sys_interop_threads', 'sys_channels_last')]
+        configs |= set(zip(*[[m.value for m in h] for h in histories], strict=True))
+    assert len(configs) > 1, configs
     for run in trials:
         history = client.get_metric_history(run.info.run_id, "accuracy")
         assert history and all(0.0 <= m.value <= 1.0 for m in history)

@@ -59,7 +59,9 @@ def tune(job: str | Path | Mapping[str, Any] | Any, *, workload: Any = None,
         dask_address=dask_address, allow_insecure_dask=None, no_pipetune=not pipetune,
         resume=resume, workers=workers, cores_per_worker=cores_per_worker,
         keep_warm=keep_warm, keep_checkpoints=keep_checkpoints)
-    from pipetune.api.progress import display_for
+    from pipetune.api.progress import display_for, quiet_tqdm_advice
+
+    quiet_tqdm_advice()
     from pipetune.cli.tune import tune_study
     from pipetune.dask.cluster import ClusterStartError
 

@@ -1,6 +1,7 @@
 """What :func:`pipetune.tune` draws while its study runs: a progress bar in a notebook
-(``tqdm``'s, which draws a widget there), the command line's live table in a terminal,
-nothing elsewhere (a script's output into a file keeps only what it prints)."""
+(``tqdm``'s: a widget where ``ipywidgets`` is installed, a line of text otherwise), the
+command line's live table in a terminal, nothing elsewhere (a script's output into a
+file keeps only what it prints)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,21 @@ def display_for(progress: bool | None) -> Callable[[int, str], Any]:
     return LiveDisplay
 
 
+def quiet_tqdm_advice() -> None:
+    """In a notebook without ``ipywidgets``, importing ``tqdm.auto`` (Optuna does, for
+    its own bars) warns "IProgress not found. Please update jupyter and ipywidgets":
+    imported here first, without that warning, as pipetune draws its bar as text there."""
+    if not in_notebook():
+        return
+    import warnings
+
+    from tqdm import TqdmWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TqdmWarning)
+        import tqdm.auto  # noqa: F401
+
+
 class NoDisplay:
     """Draws nothing."""
 
@@ -57,7 +73,11 @@ class TrialsBar(NoDisplay):
         self._best: float | None = None
 
     def __enter__(self) -> TrialsBar:
-        from tqdm.auto import tqdm
+        try:  # a notebook's widget where Jupyter's widgets are installed
+            import ipywidgets  # noqa: F401
+            from tqdm.notebook import tqdm
+        except ImportError:  # else a line of text (tqdm.auto would warn of it first)
+            from tqdm.std import tqdm
 
         self._bar = tqdm(total=self.trials, unit="trial", desc="pipetune", leave=True)
         return self
