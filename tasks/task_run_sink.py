@@ -119,11 +119,15 @@ class TaskRunSink:
         self._queued.append(event)
 
     def finish(self, run_id: str, at: float, error: str | None = None,
-               cancelled: bool = False) -> None:
+               cancelled: bool = False, began: float | None = None) -> None:
         run = self._runs.pop(run_id, None)
         if run is None:  # never started here (or settled already): nothing to settle
             return
         started = datetime.fromisoformat(run["start_time"]).timestamp()
+        waited = None
+        if began is not None and started < began < at:  # the work's own start
+            waited, started = began - started, began
+            run["start_time"] = _iso(began)
         # Later than the Running state, always: Prefect keeps a task run's newest state
         # by timestamp, and a decision replayed on resume starts and ends at one instant.
         at = max(at, started + 1e-6)
@@ -133,7 +137,9 @@ class TaskRunSink:
         elif error is not None:
             state = ("FAILED", "Failed", error[:5000])
         else:
-            state = ("COMPLETED", "Completed", None)
+            state = ("COMPLETED", "Completed", None if waited is None else
+                     f"ran {at - started:.2f} s on its worker, {waited:.2f} s after it was "
+                     "sent (a worker starting, a wait for a free slot)")
         event = self._event(run_id, run, at, *state, "RUNNING")
         running = self._unsent.pop(run_id, None)
         if running is not None:  # not sent yet: the final state alone says it all

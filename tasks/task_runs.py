@@ -92,10 +92,14 @@ class TaskRunWriter:
         self._send("start", run_id, task, name, trial_id, time.time())
         return run_id
 
-    def finished(self, run_id: str, error: str | None = None) -> None:
+    def finished(self, run_id: str, error: str | None = None,
+                 began: float | None = None) -> None:
+        """The task run ended now (Failed with ``error``). ``began``: when its work
+        really started (an epoch on its worker): the run is Running from then, its wait
+        before (a worker's start-up, a free slot) said in its final state's message."""
         with self._lock:
             self._open.pop(run_id, None)
-        self._send("finish", run_id, time.time(), error)
+        self._send("finish", run_id, time.time(), error, False, began)
 
     def ran(self, task: str, name: str, trial_id: int, started: float, ended: float,
             error: str | None = None) -> None:

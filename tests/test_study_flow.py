@@ -120,6 +120,15 @@ def test_study_records_parent_and_trial_runs_in_mlflow(cold, store):
     assert cold["probe_epochs"] == 2
     assert first.data.tags["epoch.002.system"] == "cores=1 interop=2 workers=0"
     assert first.data.tags["epoch.003.system"] == "cores=1 interop=1 workers=1"
+    # Each decision's gist as its tag, short enough for MLflow's tag chips; the whole
+    # reason of every epoch in the trial run's description.
+    assert first.data.tags["epoch.002.decision"].startswith("probe 1/2: ")
+    note = first.data.tags["mlflow.note.content"]
+    for epoch in (1, 2, 3):
+        tag = first.data.tags[f"epoch.00{epoch}.decision"]
+        assert len(tag) <= 48 and f"- epoch {epoch} (" in note
+        assert tag.rstrip("\u2026") in note
+    assert "- epoch 2 (probe, cores=1 interop=2 workers=0): probe 1/2: " in note
     # What the probe's decision weighed, as figures: the epochs the trial had left.
     assert json.loads(first.data.tags["epoch.002.weighed"]) == {"expected_epochs": 2,
                                                                 "sure_epochs": 2}

@@ -177,6 +177,10 @@ def test_ui_is_one_worker_on_loopback_ready_when_it_says_and_ctrl_c_stops_it(stu
         assert _get(f"{base}/health")[0] == 200
         status, page = _get(f"{base}/")
         assert status == 200 and b"<html" in page.lower()
+        # The page opens on Model training where the browser has not chosen (a trial
+        # clicked in the runs table, whose link has no workflowType, included).
+        assert page.count(b'localStorage.setItem("mlflow.workflowType_v1"') == 1
+        assert page.index(b"workflowType_v1") < page.index(b"<script defer")
         link = ui.wait_for(r"study (\S+) \(run (\S+)\): (http\S+)", timeout=10)
         study_id, run_id, url = link.groups()
         assert url.startswith(f"{base}/#/")
@@ -187,6 +191,16 @@ def test_ui_is_one_worker_on_loopback_ready_when_it_says_and_ctrl_c_stops_it(stu
         found = _search(base, route.split("/")[2], query["searchFilter"])
         assert run_id in found and len(found) == 3  # the study's run and its 2 trials
 
+        # The Prefect UI too, over the same home: the study's finished flow run.
+        prefect = ui.wait_for(r"Prefect UI \(started here\), the studies' flow runs: "
+                              r"(http://127\.0\.0\.1:(\d+))/runs", timeout=60)
+        flow_run = ui.wait_for(r"its flow run: (http\S+)/runs/flow-run/(\S+)", timeout=10)
+        assert flow_run.group(1) == prefect.group(1)
+        status, body = _get(f"{prefect.group(1)}/api/flow_runs/{flow_run.group(2)}")
+        assert status == 200 and json.loads(body)["state_type"] == "COMPLETED"
+        assert json.loads(body)["name"] == study_id
+        assert _get(f"{prefect.group(1)}/runs")[0] == 200  # the UI's page
+
         tree = ui.tree()
         argvs = [p.cmdline() for p in tree]
         commands = [" ".join(a) for a in argvs]
@@ -194,10 +208,13 @@ def test_ui_is_one_worker_on_loopback_ready_when_it_says_and_ctrl_c_stops_it(stu
         servers = [a for a in argvs if a[1:3] in (["-m", "uvicorn"], ["-m", "gunicorn"])]
         assert len(servers) == 1, commands  # one web server process ...
         assert "--workers 1" in " ".join(servers[0]), servers  # ... no workers of its own
-        assert len(tree) == 3, commands  # pipetune ui, the mlflow command, the web server
+        mlflow = [c for c in commands if "mlflow" in c]
+        assert len(mlflow) == 2, commands  # the mlflow command, the web server
+        assert any("prefect" in c and "server" in c for c in commands), commands
         listening = {(c.laddr.ip, c.laddr.port) for p in tree
                      for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
-        assert listening == {("127.0.0.1", ui.port)}, listening
+        assert listening == {("127.0.0.1", ui.port), ("127.0.0.1", int(prefect.group(2)))}, \
+            listening
 
         ui.proc.send_signal(signal.SIGINT)
         assert ui.proc.wait(30) == 0
@@ -234,11 +251,12 @@ def test_ui_links_a_trials_study_and_by_default_the_whole_runs_table(study_store
 
         base = f"http://127.0.0.1:{ui.port}"
         for study in (trial.info.run_id, parent.data.tags["pipetune.study_id"], run_id):
-            line = _target(_Rest(base), base, "pipetune", study)
+            line, flow_run_id = _target(_Rest(base), base, "pipetune", study)
             assert f"(run {run_id})" in line, (study, line)
             assert urllib.parse.quote_plus(study_filter(parent.data.tags["pipetune.study_id"])) \
                 in line
-        assert "no study 'nope'" in _target(_Rest(base), base, "pipetune", "nope")
+            assert flow_run_id == parent.data.tags["prefect.flow_run_id"]
+        assert "no study 'nope'" in _target(_Rest(base), base, "pipetune", "nope")[0]
     finally:
         ui.close()
 
@@ -302,3 +320,23 @@ def test_bench_prints_the_bench_run_and_each_study_run_as_links(study_store, cap
     assert f"pipetune ui --tracking-uri {uri}" in lines[0]
     assert lines[1] == (f"  pipetune-cold study run: http://127.0.0.1:5000/#/experiments/"
                         f"{experiment_id}/runs/{run_id}?workflowType=machine_learning")
+
+
+def test_the_model_training_hook_changes_the_page_and_nothing_else():
+    from flask import Flask, Response
+
+    from pipetune.tracking.ui_app import MODEL_TRAINING_FIRST, model_training_first
+
+    app = Flask(__name__)
+    with app.test_request_context("/"):
+        page = model_training_first(Response("<html><head><title>x</title></head></html>",
+                                             mimetype="text/html"))
+        assert page.get_data(as_text=True) == \
+            f"<html><head>{MODEL_TRAINING_FIRST}<title>x</title></head></html>"
+        again = model_training_first(page)  # served twice, injected once
+        assert again.get_data(as_text=True).count("workflowType_v1") == 2
+        data = model_training_first(Response('{"runs": []}', mimetype="application/json"))
+        assert data.get_data(as_text=True) == '{"runs": []}'
+        missing = model_training_first(Response("<html><head></head></html>", status=404,
+                                                mimetype="text/html"))
+        assert b"localStorage" not in missing.get_data()

@@ -47,7 +47,7 @@ def run_ui(args: argparse.Namespace) -> int:
         base = ui_base_url(uri)
         print(f"MLflow UI of the tracking server {base} (nothing to start here)", flush=True)
         try:
-            print(_target(_Rest.for_server(uri), base, experiment, args.study), flush=True)
+            print(_target(_Rest.for_server(uri), base, experiment, args.study)[0], flush=True)
         except (OSError, PipetuneError) as e:
             print(f"{base}  (could not ask the server for the study: {e})", flush=True)
         return 0
@@ -59,22 +59,31 @@ def run_ui(args: argparse.Namespace) -> int:
     if not port_free(args.host, args.port):
         raise PipetuneError(f"--port: {args.host}:{args.port} is in use (another `pipetune ui` "
                             "or MLflow server?): pass another --port")
+    from pipetune.cli.ui_prefect import PrefectUi
+
     base = ui_base_url(uri, host=args.host, port=args.port)
     started = time.monotonic()
     server = subprocess.Popen(_server_argv(uri, args.host, args.port), env=_server_env())
+    prefect = PrefectUi.begin() if args.prefect else None
     previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         _wait_ready(server, base, args.ready_timeout)
         print(f"MLflow UI ready on {base} in {time.monotonic() - started:.1f} s "
               f"(store {uri}); Ctrl-C stops it", flush=True)
+        flow_run_id = None
         try:
-            print(_target(_Rest(base), base, experiment, args.study), flush=True)
+            line, flow_run_id = _target(_Rest(base), base, experiment, args.study)
+            print(line, flush=True)
         except (OSError, PipetuneError) as e:
             print(f"{base}  ({e})", flush=True)
+        if prefect is not None:
+            print("\n".join(prefect.lines(flow_run_id, args.ready_timeout)), flush=True)
         return server.wait()
     except KeyboardInterrupt:
         return 0
     finally:
+        if prefect is not None:
+            prefect.stop()
         # A second Ctrl-C does not cut the stop short: it is bounded (STOP_GRACE_S).
         interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
@@ -86,11 +95,13 @@ def run_ui(args: argparse.Namespace) -> int:
 
 
 def _server_argv(uri: str, host: str, port: int) -> list[str]:
+    from pipetune.tracking.ui_app import model_training_app
+
     mlflow_bin = Path(sys.executable).with_name("mlflow")
     return [str(mlflow_bin if mlflow_bin.exists() else "mlflow"), "ui",
             "--backend-store-uri", uri, "--host", host, "--port", str(port), "--workers", "1",
             # one line per request (dozens per page) would bury "ready" and the link
-            "--uvicorn-opts", "--no-access-log"]
+            "--uvicorn-opts", "--no-access-log", *model_training_app()]
 
 
 def _server_env() -> dict[str, str]:
@@ -195,9 +206,11 @@ class _Rest:
             raise
 
 
-def _target(rest: _Rest, base: str, experiment: str, study: str | None) -> str:
+def _target(rest: _Rest, base: str, experiment: str,
+            study: str | None) -> tuple[str, str | None]:
     """The line naming what to open: the experiment's runs table, or with ``study``
-    (``latest``, a study id or a run id) that study's runs and its parent run."""
+    (``latest``, a study id or a run id) that study's runs and its parent run; and the
+    study's Prefect flow run id, where its run has one."""
     from pipetune.tracking.links import experiment_runs_url, run_url, study_runs_url
 
     found = rest.get("experiments/get-by-name", experiment_name=experiment).get("experiment")
@@ -205,18 +218,19 @@ def _target(rest: _Rest, base: str, experiment: str, study: str | None) -> str:
         raise PipetuneError(f"no experiment {experiment!r} in this store yet")
     experiment_id = found["experiment_id"]
     if study is None:
-        return f"runs of experiment {experiment}: {experiment_runs_url(base, experiment_id)}"
+        return (f"runs of experiment {experiment}: {experiment_runs_url(base, experiment_id)}",
+                None)
     run = _study_run(rest, experiment_id, study)
     if run is None:
         return (f"no study {study!r} in experiment {experiment}; its runs: "
-                f"{experiment_runs_url(base, experiment_id)}")
+                f"{experiment_runs_url(base, experiment_id)}", None)
     tags = {t["key"]: t["value"] for t in run["data"].get("tags", [])}
     run_id = run["info"]["run_id"]
     study_id = tags.get("pipetune.study_id")
     runs = (study_runs_url(base, experiment_id, study_id) if study_id
             else experiment_runs_url(base, experiment_id))
     return (f"study {study_id or '?'} (run {run_id}): {runs}\n"
-            f"  its run: {run_url(base, run_id, experiment_id)}")
+            f"  its run: {run_url(base, run_id, experiment_id)}", tags.get("prefect.flow_run_id"))
 
 
 def _study_run(rest: _Rest, experiment_id: str, study: str) -> dict | None:
@@ -261,6 +275,10 @@ def add_ui(subparsers: argparse._SubParsersAction) -> None:
                    help="link that study's runs (its run and its trials) instead of the "
                    "whole runs table; `latest`: the newest study")
     p.add_argument("--experiment", default=None, help="experiment (default: pipetune)")
+    p.add_argument("--no-prefect", dest="prefect", action="store_false",
+                   help="the MLflow UI alone (by default the Prefect UI of the studies' flow "
+                   "runs too: your PREFECT_API_URL's, this folder's warm service's, or one "
+                   "started here over the pipetune home's Prefect database)")
     p.add_argument("--ready-timeout", type=float, default=READY_TIMEOUT_S,
                    help=f"seconds to wait for the server to answer (default "
                    f"{READY_TIMEOUT_S:.0f})")

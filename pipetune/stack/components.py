@@ -323,6 +323,10 @@ class Launcher:
         if auth:  # the admin and its password by environment, not on the command line
             env.update(auth)
             argv += ["--app-name", "basic-auth"]
+        else:  # its page opens on Model training (one app per server: not with auth)
+            from pipetune.tracking.ui_app import model_training_app
+
+            argv += model_training_app()
         if self.pg.password and not self.pg.loopback:
             env["MLFLOW_BACKEND_STORE_URI"] = store  # the password stays out of `ps`
         else:

@@ -47,12 +47,23 @@ def _ms_ceil(t: float) -> int:
 
 
 def trial_started(trial: Trial) -> float:
-    """When ``trial`` started: the engine's ``started`` (or now when unknown), or its
-    first epoch's start on the worker if that is earlier (another host's clock)."""
-    started = trial.started if trial.started is not None else time.time()
+    """When ``trial``'s run starts: its first epoch's start on its worker, so the run's
+    duration covers its epochs (a worker's own start-up, or a wait for a free slot,
+    before it is the trial's ``startup_s``: :func:`startup_s`); the engine's ``started``
+    (or now) before any epoch ran."""
     if trial.results:
-        started = min(started, trial.results[0].started)
-    return started
+        return trial.results[0].started
+    return trial.started if trial.started is not None else time.time()
+
+
+def startup_s(trial: Trial) -> float | None:
+    """Seconds from the trial's start in the engine to its first epoch's start on its
+    worker: a worker starting (importing torch, the workload's module), a wait for a
+    free slot; None before its first epoch, or where the two clocks disagree."""
+    if not trial.results or trial.started is None:
+        return None
+    wait = trial.results[0].started - trial.started
+    return wait if wait >= 0 else None
 
 
 def phase_runs(trial: Trial) -> str:
@@ -140,6 +151,8 @@ def epoch_writes(objective: str, trial: Trial, result: EpochResult) -> tuple[Met
         **{k: v for k, v in result.metrics.items()},
         **result.system.as_metrics(),
     }
+    if result.epoch == 1 and startup_s(trial) is not None:
+        values["startup_s"] = startup_s(trial)
     metrics = [(k, float(v), result.epoch, ts) for k, v in values.items()]
     tags = [
         (f"epoch.{result.epoch:03d}.phase", result.phase.value),
@@ -149,11 +162,50 @@ def epoch_writes(objective: str, trial: Trial, result: EpochResult) -> tuple[Met
     ]
     if len(trial.decisions) >= result.epoch:  # why this epoch ran under its config
         decision = trial.decisions[result.epoch - 1]
-        tags.append((f"epoch.{result.epoch:03d}.decision", decision.reason[:5000]))
+        tags.append((f"epoch.{result.epoch:03d}.decision", short_reason(decision.reason)))
         if decision.inputs:  # the figures it weighed (a compile's price, the epochs ...)
             tags.append((f"epoch.{result.epoch:03d}.weighed", json.dumps(
                 dict(decision.inputs), sort_keys=True, default=str)[:5000]))
+        tags.append((NOTE_TAG, decisions_note(trial)))
     return metrics, tags
+
+
+#: An epoch's ``epoch.NNN.decision`` tag at most, in characters: the gist of the
+#: decision (MLflow's tag chips cut a longer value); the whole reason is in the trial
+#: run's description (:func:`decisions_note`).
+SHORT_REASON = 48
+#: MLflow's run description (shown on the run's page).
+NOTE_TAG = "mlflow.note.content"
+#: The description at most (MLflow keeps tag values of up to 8,000 characters).
+NOTE_LIMIT = 7900
+
+
+def short_reason(reason: str) -> str:
+    """The gist of a decision's reason: up to its first ``;`` or `` (``, cut to
+    :data:`SHORT_REASON` characters."""
+    head = reason
+    for stop in ("; ", " ("):
+        head = head.split(stop, 1)[0]
+    head = head.strip()
+    return head if len(head) <= SHORT_REASON else head[:SHORT_REASON - 1].rstrip() + "\u2026"
+
+
+def decisions_note(trial: Trial) -> str:
+    """The trial run's description: why each of its epochs ran under its system config,
+    one line an epoch, whole (the newest epochs where all do not fit)."""
+    lines = []
+    for result, decision in zip(trial.results, trial.decisions, strict=False):
+        lines.append(f"- epoch {result.epoch} ({result.phase.value}, "
+                     f"{result.system.label()}): {decision.reason}")
+    head = "Why each epoch ran under its system config (pipetune):\n\n"
+    body, cut = "\n".join(lines), 0
+    while len(head) + len(body) > NOTE_LIMIT and len(lines) > 1:
+        lines.pop(0)
+        cut += 1
+        body = "\n".join(lines)
+    if cut:
+        head += f"(the first {cut} epoch(s): their epoch.NNN.decision tags)\n\n"
+    return (head + body)[:NOTE_LIMIT]
 
 
 def trial_end_writes(trial: Trial, metric: str, ended: float) -> tuple[Metrics, Pairs, Pairs]:

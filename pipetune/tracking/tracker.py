@@ -55,8 +55,9 @@ class StudyTracker(Tracker):
     Per-epoch metrics are logged with ``step = epoch`` and the time the epoch finished
     on its worker; every system knob is logged as a metric too so the UI can plot the
     config against the epoch, and the epoch's phase as ``phase_code``
-    (:data:`~pipetune.tracking.names.PHASE_CODES`). A trial's run starts when the trial started
-    (:func:`trial_started`; it is created when its first epoch is sent) and ends when
+    (:data:`~pipetune.tracking.names.PHASE_CODES`). A trial's run starts when its first
+    epoch started on its worker (:func:`trial_started`; what came before, a worker's
+    start-up or a wait for a slot, is its ``startup_s``) and ends when
     :meth:`end_trial` is called; the study's run starts when the tracker is built and
     ends at :meth:`finish`. Its metrics are named apart (:func:`study_metric_name`).
 
