@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from pipetune.errors import WorkloadError
-from pipetune.workloads._base import StepHook, TrainStats, Workload
+from pipetune.workloads import StepHook, TrainStats, Workload
 
 #: Trainer arguments the system config owns, set per epoch.
 SYSTEM_OWNED = ("max_epochs", "precision", "accelerator", "devices")

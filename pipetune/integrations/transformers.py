@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from pipetune.errors import WorkloadError
-from pipetune.workloads._base import StepHook, TrainStats, Workload
+from pipetune.workloads import StepHook, TrainStats, Workload
 
 #: ``TrainingArguments`` fields pipetune sets every epoch (the study's and the system
 #: config's); a user's value for one is refused by name.
