@@ -340,3 +340,33 @@ def test_the_model_training_hook_changes_the_page_and_nothing_else():
         missing = model_training_first(Response("<html><head></head></html>", status=404,
                                                 mimetype="text/html"))
         assert b"localStorage" not in missing.get_data()
+
+
+def test_the_runs_table_opens_on_the_objective_the_system_config_and_the_params(tmp_path):
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.tracking import MlflowClient
+
+    from pipetune.tracking.ui_app import VIEW_KEY, first_columns, study_columns
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    eid = client.create_experiment("pipetune", artifact_location=str(tmp_path / "a"))
+    client.create_experiment("someone-elses")  # no study: no view given
+    old = client.create_run(eid, tags={"pipetune.kind": "study"}, start_time=1000)
+    client.log_param(old.info.run_id, "objective.metric", "val_loss (min)")
+    study = client.create_run(eid, tags={"pipetune.kind": "study"}, start_time=2000)
+    client.log_param(study.info.run_id, "objective.metric", "accuracy (max)")
+    trial = client.create_run(eid, tags={"pipetune.kind": "trial",
+                                         "mlflow.parentRunId": study.info.run_id})
+    for key, value in (("lr", "0.1"), ("hidden", "64"), ("seed", "7"), ("phases", "train")):
+        client.log_param(trial.info.run_id, key, value)
+
+    views = study_columns(SqlAlchemyStore(uri, str(tmp_path / "a")))
+    assert views == {eid: {
+        "selectedColumns": ["metrics.`accuracy`", "tags.`system.final`", "params.`hidden`",
+                            "params.`lr`", "tags.`outcome`"],
+        "runsExpanded": {study.info.run_id: True}}}  # the newest study's
+    script = first_columns(views)
+    key = VIEW_KEY.format(ids=f'["{eid}"]')
+    assert json.dumps(key) in script and "localStorage.getItem(k)" in script
+    assert first_columns({}) == ""

@@ -1,6 +1,8 @@
 """The MLflow server app ``pipetune ui`` and an unlocked team stack serve
 (``mlflow server --app-name pipetune``, an ``mlflow.app`` entry point): MLflow's own
-app, whose page opens on *Model training* for a browser that never chose.
+app, whose page opens on *Model training* for a browser that never chose, with the
+study's objective metric, hyperparameters and system config as columns of the runs
+table of a browser that kept no view of the experiment yet.
 
 MLflow 3's front end picks GenAI or Model training per page: from the link's
 ``workflowType`` if it has one, else from the browser's last choice (local storage
@@ -12,6 +14,8 @@ last choice where the browser has none; a choice the user makes in the UI stays 
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from typing import Any
 
 #: MLflow's local-storage key for the GenAI / Model training switch (its version 1).
@@ -38,18 +42,90 @@ def create_app() -> Any:
     from mlflow.server import app as flask_app
     from mlflow.server.fastapi_app import create_fastapi_app
 
-    flask_app.after_request(model_training_first)
+    flask_app.after_request(lambda response: model_training_first(response, _store_columns))
     return create_fastapi_app(flask_app)
 
 
-def model_training_first(response: Any) -> Any:
+def model_training_first(response: Any,
+                         columns: Callable[[], dict[str, dict[str, Any]]] | None = None) -> Any:
     """A Flask ``after_request`` hook: the UI's page (``index.html``) with
-    :data:`MODEL_TRAINING_FIRST` in its head; any other response as it is."""
+    :data:`MODEL_TRAINING_FIRST` in its head, and the runs table's first view
+    (:func:`first_columns`, from ``columns()``: experiment id -> view); any other
+    response as it is."""
     if response.status_code != 200 or response.mimetype != "text/html":
         return response
     response.direct_passthrough = False
     page = response.get_data()
     if b"<head>" not in page or WORKFLOW_KEY.encode() in page:
         return response
-    response.set_data(page.replace(b"<head>", b"<head>" + MODEL_TRAINING_FIRST.encode(), 1))
+    script = MODEL_TRAINING_FIRST + first_columns(columns() if columns is not None else {})
+    response.set_data(page.replace(b"<head>", b"<head>" + script.encode(), 1))
     return response
+
+
+#: Where MLflow 3.17's front end keeps an experiment page's view (its columns among
+#: it), per experiment: its ``LocalStorageStore`` scope ``ExperimentPage`` with the
+#: experiment ids as JSON, version 1.1.
+VIEW_KEY = "MLflowLocalStorage-1.1-ExperimentPage-{ids}-ReactComponentState"
+
+
+def first_columns(views_by_id: dict[str, dict[str, Any]]) -> str:
+    """A script giving each experiment's runs table its view (``selectedColumns``:
+    ``metrics.`accuracy```, ``params.`lr```, ``tags.`system.final```; ...) where the
+    browser keeps no view of that experiment yet (a view the user changes stays
+    theirs); "" for none."""
+    if not views_by_id:
+        return ""
+    views = {VIEW_KEY.format(ids=json.dumps([eid], separators=(",", ":"))): json.dumps(view)
+             for eid, view in views_by_id.items()}
+    data = json.dumps(views).replace("</", "<\\/")  # no "</script>" inside
+    return ("<script>try{var v=" + data + ";for(var k in v){if(!localStorage.getItem(k))"
+            "localStorage.setItem(k,v[k])}}catch(e){}</script>")
+
+
+#: The hyperparameters shown as columns, at most (the first by name).
+MAX_PARAM_COLUMNS = 6
+
+
+def study_columns(store: Any) -> dict[str, dict[str, Any]]:
+    """Experiment id -> the runs table's view for pipetune's experiments: as columns,
+    the newest study's objective metric, its trials' hyperparameters, the system config
+    each trial ended under and its outcome; that study's trials unfolded. Read from the
+    tracking ``store``."""
+    from mlflow.entities import ViewType
+
+    found: dict[str, dict[str, Any]] = {}
+    for experiment in store.search_experiments(view_type=ViewType.ACTIVE_ONLY,
+                                               max_results=100):
+        eid = experiment.experiment_id
+        studies = store.search_runs([eid], "tags.`pipetune.kind` = 'study'",
+                                    ViewType.ACTIVE_ONLY, max_results=1,
+                                    order_by=["attributes.start_time DESC"])
+        if not studies:
+            continue
+        study = studies[0]
+        metric = study.data.params.get("objective.metric", "").split(" (")[0]
+        trials = store.search_runs([eid], f"tags.`mlflow.parentRunId` = '{study.info.run_id}'",
+                                   ViewType.ACTIVE_ONLY, max_results=1)
+        params = sorted(k for k in trials[0].data.params
+                        if k not in NOT_HYPERPARAMETERS) if trials else []
+        found[eid] = {"selectedColumns": [
+            *([f"metrics.`{metric}`"] if metric else []), "tags.`system.final`",
+            *(f"params.`{p}`" for p in params[:MAX_PARAM_COLUMNS]), "tags.`outcome`"],
+            # the newest study's trials shown under it, not folded
+            "runsExpanded": {study.info.run_id: True}}
+    return found
+
+
+#: A trial run's params that are not its hyperparameters.
+NOT_HYPERPARAMETERS = ("seed", "phases")
+
+
+def _store_columns() -> dict[str, dict[str, Any]]:
+    """:func:`study_columns` of the store this server serves; {} where it cannot tell."""
+    try:
+        from mlflow.server.handlers import _get_tracking_store
+
+        return study_columns(_get_tracking_store())
+    except Exception:  # noqa: BLE001 - the page is served as MLflow serves it
+        return {}
