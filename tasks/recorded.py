@@ -20,9 +20,10 @@ class PrefectEpochBackend(EpochBackend):
     """Epochs on ``cluster`` (a :class:`~pipetune.backends.DaskBackend`), each written
     as one ``train-epoch`` task run of the flow run by ``task_runs`` (a
     :class:`~tasks.task_runs.TaskRunWriter`): from the moment the epoch is sent, Running
-    from its start on the worker (the wait before, a worker's start-up or a free slot,
-    in its final state's message), Completed or Failed when its Dask future is,
-    Cancelled if the study stops first.
+    from its start on the worker, once the workload is built and its checkpoint loaded
+    (the wait before, a worker starting, the workload's build, a free slot, in its final
+    state's message), Completed or Failed when its Dask future is, Cancelled if the study
+    stops first.
 
     The engine hears of a finished epoch from the Dask future itself; the task run is
     written by the recorder process, so Prefect costs the study loop nothing but a
@@ -42,7 +43,8 @@ class PrefectEpochBackend(EpochBackend):
         outcome = self.cluster.wait()
         run_id = self._runs.pop((outcome.task.trial_id, outcome.task.epoch), None)
         if run_id is not None:
-            began = outcome.result.started if outcome.result is not None else None
+            result = outcome.result  # Running from the workload built, checkpoint loaded
+            began = result.started + result.setup_s if result is not None else None
             self.task_runs.finished(run_id, error=outcome.error, began=began)
         return outcome
 

@@ -25,6 +25,10 @@ class PrefectUnreachable(RuntimeError):
     """The Prefect API did not answer: some task-run states were never written."""
 
 
+#: An epoch's wait before it started on its worker is said from this long (seconds).
+WAIT_SAID_S = 0.1
+
+
 def _iso(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).isoformat()
 
@@ -138,8 +142,10 @@ class TaskRunSink:
             state = ("FAILED", "Failed", error[:5000])
         else:
             state = ("COMPLETED", "Completed", None if waited is None else
-                     f"ran {at - started:.2f} s on its worker, {waited:.2f} s after it was "
-                     "sent (a worker starting, a wait for a free slot)")
+                     f"ran {at - started:.2f} s on its worker" + (
+                         f", {waited:.2f} s after it was sent (a worker starting, the "
+                         "workload's build, a wait for a free slot)"
+                         if waited >= WAIT_SAID_S else ""))
         event = self._event(run_id, run, at, *state, "RUNNING")
         running = self._unsent.pop(run_id, None)
         if running is not None:  # not sent yet: the final state alone says it all

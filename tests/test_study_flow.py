@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -110,6 +111,13 @@ def test_study_records_parent_and_trial_runs_in_mlflow(cold, store):
         assert sorted(m.step for m in knob) == [1, 2, 3]
         assert run.data.tags["epoch.001.phase"] == "profile"
         assert "profiles.csv" in artifact_paths(client, run.info.run_id)
+        # The run covers its epochs, from the first one's start on its worker; the wait
+        # before (a worker starting, the workload's build) is its startup_s.
+        epochs_s = sum(m.value for m in
+                       client.get_metric_history(run.info.run_id, "epoch_seconds"))
+        assert run.info.end_time - run.info.start_time >= 1000 * epochs_s - 5
+        (startup,) = client.get_metric_history(run.info.run_id, "startup_s")
+        assert startup.step == 1 and startup.value >= 0
 
     # Trial 0 found nothing to match, probed both one-knob candidates and kept the
     # cheaper; later trials were that same job (a known job: epoch 1 under its config)
@@ -193,6 +201,14 @@ def test_prefect_shows_each_trial_as_a_chain_of_tasks(cold):
             assert [i.id for i in run.task_inputs["wait_for"]] == [before.id]
         assert chain[0].state.is_completed()
         assert chain[0].task_inputs.get("wait_for", []) == []
+        # An epoch's task run is Running from its start on the worker, after it was
+        # sent (its expected start); how long it ran there is said in its final state.
+        for run in chain:
+            if re.search(r"-epoch-\d+-(profile|probe|train)$", run.name):
+                assert run.expected_start_time <= run.start_time < run.end_time, run.name
+                assert run.state.message.startswith("ran "), (run.name, run.state.message)
+                assert run.total_run_time.total_seconds() == pytest.approx(
+                    (run.end_time - run.start_time).total_seconds(), abs=0.01)
     others = [r for r in runs if not r.name.startswith("trial-")]
     assert [r.name for r in others] == [
         f"evaluate-best-checkpoint-of-trial-{int(cold['best_trial'])}"]

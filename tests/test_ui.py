@@ -199,7 +199,10 @@ def test_ui_is_one_worker_on_loopback_ready_when_it_says_and_ctrl_c_stops_it(stu
         status, body = _get(f"{prefect.group(1)}/api/flow_runs/{flow_run.group(2)}")
         assert status == 200 and json.loads(body)["state_type"] == "COMPLETED"
         assert json.loads(body)["name"] == study_id
-        assert _get(f"{prefect.group(1)}/runs")[0] == 200  # the UI's page
+        page = urllib.request.Request(f"{flow_run.group(1)}/runs/flow-run/{flow_run.group(2)}",
+                                      headers={"Accept": "text/html"})  # as a browser asks
+        with NO_PROXY.open(page, timeout=10) as answer:
+            assert answer.status == 200 and b"<html" in answer.read().lower()  # the UI's page
 
         tree = ui.tree()
         argvs = [p.cmdline() for p in tree]
@@ -362,9 +365,11 @@ def test_the_runs_table_opens_on_the_objective_the_system_config_and_the_params(
         client.log_param(trial.info.run_id, key, value)
 
     views = study_columns(SqlAlchemyStore(uri, str(tmp_path / "a")))
+    columns = ["metrics.`accuracy`", "tags.`system.final`", "params.`hidden`", "params.`lr`",
+               "tags.`outcome`"]
     assert views == {eid: {
-        "selectedColumns": ["metrics.`accuracy`", "tags.`system.final`", "params.`hidden`",
-                            "params.`lr`", "tags.`outcome`"],
+        "selectedColumns": columns, "columnOrder": ["duration", *columns],
+        "columnWidths": {"tags.`system.final`": 230},
         "runsExpanded": {study.info.run_id: True}}}  # the newest study's
     script = first_columns(views)
     key = VIEW_KEY.format(ids=f'["{eid}"]')

@@ -47,22 +47,25 @@ def _ms_ceil(t: float) -> int:
 
 
 def trial_started(trial: Trial) -> float:
-    """When ``trial``'s run starts: its first epoch's start on its worker, so the run's
-    duration covers its epochs (a worker's own start-up, or a wait for a free slot,
-    before it is the trial's ``startup_s``: :func:`startup_s`); the engine's ``started``
-    (or now) before any epoch ran."""
+    """When ``trial``'s run starts: its first epoch's start on its worker, the workload
+    built and its checkpoint loaded, so the run's duration covers its epochs (a worker
+    starting, the workload's build, a wait for a free slot before it are the trial's
+    ``startup_s``: :func:`startup_s`); the engine's ``started`` (or now) before any
+    epoch ran."""
     if trial.results:
-        return trial.results[0].started
+        first = trial.results[0]
+        return first.started + first.setup_s
     return trial.started if trial.started is not None else time.time()
 
 
 def startup_s(trial: Trial) -> float | None:
     """Seconds from the trial's start in the engine to its first epoch's start on its
-    worker: a worker starting (importing torch, the workload's module), a wait for a
-    free slot; None before its first epoch, or where the two clocks disagree."""
+    worker (:func:`trial_started`): a worker starting (importing torch), the workload's
+    build (its module, its data), a wait for a free slot; None before its first epoch,
+    or where the two clocks disagree."""
     if not trial.results or trial.started is None:
         return None
-    wait = trial.results[0].started - trial.started
+    wait = trial_started(trial) - trial.started
     return wait if wait >= 0 else None
 
 

@@ -109,9 +109,14 @@ def study_columns(store: Any) -> dict[str, dict[str, Any]]:
                                    ViewType.ACTIVE_ONLY, max_results=1)
         params = sorted(k for k in trials[0].data.params
                         if k not in NOT_HYPERPARAMETERS) if trials else []
-        found[eid] = {"selectedColumns": [
-            *([f"metrics.`{metric}`"] if metric else []), "tags.`system.final`",
-            *(f"params.`{p}`" for p in params[:MAX_PARAM_COLUMNS]), "tags.`outcome`"],
+        columns = [*([f"metrics.`{metric}`"] if metric else []), "tags.`system.final`",
+                   *(f"params.`{p}`" for p in params[:MAX_PARAM_COLUMNS]), "tags.`outcome`"]
+        found[eid] = {
+            "selectedColumns": columns,
+            # the config beside the metric, not after the params; the run's duration
+            # ("duration": its column's id) first, where MLflow puts it
+            "columnOrder": ["duration", *columns],
+            "columnWidths": {"tags.`system.final`": 230},  # a config label, whole
             # the newest study's trials shown under it, not folded
             "runsExpanded": {study.info.run_id: True}}
     return found
