@@ -138,8 +138,13 @@ def test_a_trial_run_spans_its_epochs(recorded):
         info, trial = run["info"], study.trials[trial_id]
         assert info["status"] == "FINISHED" and info["run_name"] == f"trial-{trial_id}"
         start, end = int(info["start_time"]), int(info["end_time"])
-        # the trial's own start (the engine's clock, ms), not when its run was written
-        assert start == int(trial.started * 1000), (trial_id, start, trial.started)
+        # its first epoch's start on its worker, the workload built (ms), not when its
+        # run was written nor the trial's start in the engine: what came before (a
+        # worker starting, the workload's build) is the trial's startup_s
+        first = trial.results[0]
+        assert start == int((first.started + first.setup_s) * 1000), (trial_id, start)
+        (startup,) = history(url, run, "startup_s")
+        assert startup["value"] == pytest.approx(first.started + first.setup_s - trial.started)
         losses = history(url, run, "train_loss")
         assert [m["step"] for m in losses] == [1, 2, 3]
         stamps = [int(m["timestamp"]) for m in losses]
@@ -279,7 +284,8 @@ def test_a_resumed_trial_run_keeps_its_first_start(recorded):
     assert run["info"]["run_id"] == stopped["info"]["run_id"]
     assert run["info"]["status"] == "FINISHED"
     assert run["info"]["start_time"] == stopped["info"]["start_time"]
-    assert int(run["info"]["start_time"]) == int(trial.started * 1000)
+    assert int(run["info"]["start_time"]) == int(
+        (trial.results[0].started + trial.results[0].setup_s) * 1000)
     assert int(run["info"]["end_time"]) >= int(trial.results[-1].finished * 1000)
     assert [m["step"] for m in history(url, run, "train_loss")] == [1, 2, 3]
     assert int(study_run["info"]["start_time"]) <= int(run["info"]["start_time"])
