@@ -137,3 +137,46 @@ def tune_env(tmp_path: Path) -> dict[str, str]:
                if p)}
     env.pop("PREFECT_API_URL", None)
     return env
+
+
+def user_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a user's own process: no Prefect API or MLflow store named, a
+    pipetune home of its own under ``tmp_path``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL",
+                                                            "MLFLOW_TRACKING_URI")}
+    env["PIPETUNE_HOME"] = str(tmp_path / "home")
+    return env
+
+
+def run_example(tmp_path: Path, example: Path, script: str, *args: str):
+    """Copy ``example`` (a folder of ``examples/``) under ``tmp_path`` and run ``script``
+    there as a user would; return its process, the MLflow client of the store it wrote
+    (``./mlflow.db``), its one study run and that study's trial runs."""
+    import shutil
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    folder = tmp_path / example.name
+    shutil.copytree(example, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    proc = subprocess.run([sys.executable, script, *args], cwd=folder, env=user_env(tmp_path),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+    (parent,) = client.search_runs(
+        [client.get_experiment_by_name("pipetune").experiment_id],
+        "tags.`pipetune.kind` = 'study'")
+    trials = client.search_runs([parent.info.experiment_id],
+                                f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    return proc, client, parent, trials
+
+
+def configs_run(client, trials, knobs: tuple[str, ...]) -> set[tuple[float, ...]]:
+    """The system configs (``knobs``: ``sys_*`` metrics) the ``trials``' epochs ran
+    under, as recorded in MLflow."""
+    configs: set[tuple[float, ...]] = set()
+    for run in trials:
+        histories = [client.get_metric_history(run.info.run_id, k) for k in knobs]
+        configs |= set(zip(*[[m.value for m in h] for h in histories], strict=True))
+    return configs

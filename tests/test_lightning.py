@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from known import configs_run, run_example, user_env
 
 pl = pytest.importorskip("pytorch_lightning")
 import torch  # noqa: E402
@@ -24,38 +23,15 @@ from pipetune.system.config import SystemConfig  # noqa: E402
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lightning"
 
 
-def _env(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL",
-                                                            "MLFLOW_TRACKING_URI")}
-    env["PIPETUNE_HOME"] = str(tmp_path / "home")
-    return env
-
-
 @pytest.mark.slow
 def test_the_example_tunes_its_lightning_module_from_python(tmp_path):
-    folder = tmp_path / "lightning"
-    shutil.copytree(EXAMPLE, folder, ignore=shutil.ignore_patterns("__pycache__"))
-    proc = subprocess.run([sys.executable, "digits.py", "2"], cwd=folder, env=_env(tmp_path),
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc, client, parent, trials = run_example(tmp_path, EXAMPLE, "digits.py", "2")
     assert "best model: DigitsClassifier, " in proc.stdout
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
-    (parent,) = client.search_runs(
-        [client.get_experiment_by_name("pipetune").experiment_id],
-        "tags.`pipetune.kind` = 'study'")
     assert parent.data.params["workload"] == "digits:workload"
     assert parent.info.status == "FINISHED"
-    trials = client.search_runs([parent.info.experiment_id],
-                                f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert len(trials) == 2
     # Its epochs ran under more than one system config (a probe at least), as recorded.
-    configs = set()
-    for run in trials:
-        histories = [client.get_metric_history(run.info.run_id, k) for k in
-                     ('sys_interop_threads', 'sys_dataloader_workers')]
-        configs |= set(zip(*[[m.value for m in h] for h in histories], strict=True))
+    configs = configs_run(client, trials, ('sys_interop_threads', 'sys_dataloader_workers'))
     assert len(configs) > 1, configs
     for run in trials:
         history = client.get_metric_history(run.info.run_id, "val_acc")
@@ -140,7 +116,7 @@ def test_a_notebooks_lightning_code_goes_on_epoch_after_epoch_with_its_callbacks
     }
     (tmp_path / "mine.py").write_text(SCRIPT)
     proc = subprocess.run([sys.executable, "mine.py", json.dumps(job)], cwd=tmp_path,
-                          env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+                          env=user_env(tmp_path), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     epochs = out["epochs"]
