@@ -95,15 +95,14 @@ def study_columns(store: Any) -> dict[str, dict[str, Any]]:
     from mlflow.entities import ViewType
 
     found: dict[str, dict[str, Any]] = {}
-    for experiment in store.search_experiments(view_type=ViewType.ACTIVE_ONLY,
-                                               max_results=100):
-        eid = experiment.experiment_id
-        studies = store.search_runs([eid], "tags.`pipetune.kind` = 'study'",
-                                    ViewType.ACTIVE_ONLY, max_results=1,
-                                    order_by=["attributes.start_time DESC"])
-        if not studies:
-            continue
-        study = studies[0]
+    ids = [e.experiment_id for e in store.search_experiments(
+        view_type=ViewType.ACTIVE_ONLY, max_results=100)]
+    newest: dict[str, Any] = {}  # experiment id -> its newest study run: one query for all
+    for run in (store.search_runs(ids, "tags.`pipetune.kind` = 'study'", ViewType.ACTIVE_ONLY,
+                                  max_results=1000, order_by=["attributes.start_time DESC"])
+                if ids else []):
+        newest.setdefault(run.info.experiment_id, run)
+    for eid, study in newest.items():
         metric = study.data.params.get("objective.metric", "").split(" (")[0]
         trials = store.search_runs([eid], f"tags.`mlflow.parentRunId` = '{study.info.run_id}'",
                                    ViewType.ACTIVE_ONLY, max_results=1)
