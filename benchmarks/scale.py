@@ -10,8 +10,8 @@ Two shapes, after ``release/tune_tests/scalability_tests/`` in ray-project/ray:
 
 With ``--keep-warm 0`` (the study then runs in the command's own process) the driver's
 and the recorder's resident memory is sampled against the trials started: ``memory``
-in the JSON holds both at trial 200 and at the end (the release tests' long-study
-shape: run ``bookkeeping --trials 2000 --keep-warm 0``).
+in the JSON holds both at trial 200, once the last trial started, and at the end (the
+release tests' long-study shape: run ``bookkeeping --trials 2000 --keep-warm 0``).
 
 Each run is one ``pipetune tune`` in a folder of its own (its own MLflow SQLite file,
 Prefect home and pipetune home: the embedded default), after a 2-trial warm-up study
@@ -85,13 +85,21 @@ def _env(folder: Path) -> dict[str, str]:
 
 def growth(sampler: MemorySampler, early: int = 200) -> dict | None:
     """Driver and recorder memory at the first sample past ``early`` trials started
-    (the warm-up's 2 counted too) and at the last sample: MB each, and the growth."""
+    (the warm-up's 2 counted too), at the first sample once the last trial started (the
+    target's "from trial 200 to trial 2,000") and at the last sample (after the study's
+    end: its summary, table and timeline drawn): MB each, and the growth."""
     after = [r for r in sampler.rows if r[1] >= early and r[3] > 0]
     if len(after) < 2:
         return None
-    (_, n0, d0, r0), (_, n1, d1, r1) = after[0], after[-1]
+    last_trial = next(r for r in after if r[1] == after[-1][1])
+    (_, n0, d0, r0), (_, n1, d1, r1) = after[0], last_trial
+    (_, _, d2, r2) = after[-1]
     return {"trials": [n0, n1], "driver_mb": [d0, d1], "recorder_mb": [r0, r1],
-            "driver_growth": d1 / d0 - 1, "recorder_growth": r1 / r0 - 1}
+            "driver_growth": d1 / d0 - 1, "recorder_growth": r1 / r0 - 1,
+            "at_end": {"driver_mb": d2, "recorder_mb": r2, "driver_growth": d2 / d0 - 1,
+                       "recorder_growth": r2 / r0 - 1},
+            "series": [[round(t, 1), n, round(d, 1), round(r, 1)]
+                       for t, n, d, r in sampler.rows[::5]]}
 
 
 def _tune(folder: Path, spec: dict, slots: int,
@@ -345,6 +353,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{'complete, once' if rec['complete'] else 'INCOMPLETE: ' + json.dumps(rec)}"
           + (f"; ray-tune whole {out['ray-tune']['whole_s']:.1f} s "
              f"(ratio {out['ray-tune']['ratio']:.2f})" if "ray-tune" in out else ""))
+    mem = ours.get("memory")
+    if mem:
+        print(f"memory from trial {mem['trials'][0]} to {mem['trials'][1]}: driver "
+              f"{mem['driver_mb'][0]:.0f} -> {mem['driver_mb'][1]:.0f} MB "
+              f"({mem['driver_growth']:+.1%}), recorder {mem['recorder_mb'][0]:.0f} -> "
+              f"{mem['recorder_mb'][1]:.0f} MB ({mem['recorder_growth']:+.1%}); after the "
+              f"study's end: driver {mem['at_end']['driver_growth']:+.1%}, recorder "
+              f"{mem['at_end']['recorder_growth']:+.1%}")
     if not args.keep:
         import shutil
 

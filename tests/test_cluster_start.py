@@ -56,3 +56,27 @@ def test_a_cluster_that_cannot_start_gives_one_clear_error(tmp_path):
     assert line.startswith("refused the embedded Dask cluster did not start (2 attempts; "
                            "last: "), line
     assert "--dask-address" in line
+
+
+def test_the_cluster_and_its_client_keep_short_message_logs():
+    """Dask keeps each stream's last 1,000 messages, a task's arguments in each sent
+    task: over a 2,000-trial study on 16 slots that was most of the driver's growth
+    (benchmarks/RESULTS.md). The embedded cluster and pipetune's clients keep 16."""
+    from pipetune.dask import cluster
+
+    def longest(dask_scheduler):
+        streams = [*dask_scheduler.stream_comms.values(), *dask_scheduler.client_comms.values()]
+        return max(len(s.recent_message_log) for s in streams)
+
+    cluster.close_shared_cluster()
+    try:
+        cluster.shared_cluster(workers=1)
+        client = cluster.client_for(None)
+        for n in range(60):  # one message each way per task
+            client.submit(bytes, n, pure=False).result()
+        assert len(client.scheduler_comm.recent_message_log) <= 16
+        assert client.run_on_scheduler(longest) <= 16
+        worker = client.run(lambda dask_worker: len(dask_worker.batched_stream.recent_message_log))
+        assert max(worker.values()) <= 16
+    finally:
+        cluster.close_shared_cluster()

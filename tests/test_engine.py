@@ -184,3 +184,41 @@ def test_observers_get_a_read_only_view_of_the_study_never_the_engine(tmp_path):
     assert first_read[0].epochs_run < 3 == view.trials()[0].epochs_run
     with pytest.raises(AttributeError):
         first_read[0].epochs_run = 5
+
+
+def test_an_ended_trial_keeps_a_compact_record_after_its_observers_saw_it_whole(tmp_path):
+    """A long study's memory: once a trial ended and its observers recorded it (the
+    MLflow profile table is made then), each of its epochs keeps what the study's end
+    reads (times, energy, metrics, config, checkpoint), not its profile vector, counters
+    and operator mix; the study keeps one instance of each system config."""
+    import pickle
+
+    s = study(tmp_path, search={"max_concurrent": 2, "algorithm": "random"},
+              system={"space": {"interop_threads": [1, 2]}})
+    whole: dict[int, list] = {}
+
+    def at_end(event: StudyEvent) -> None:
+        if event.name == "trial_ended":
+            whole[event.trial_id] = [
+                (dict(r.measurement.profile.features), r.measurement.wall_s,
+                 r.measurement.energy_j, dict(r.metrics), r.checkpoint, len(pickle.dumps(r)))
+                for r in event.trial.results]
+
+    s.observe(at_end)
+    s.run(LocalBackend())
+    assert sorted(whole) == [0, 1]
+    for trial in s.trials.values():
+        seen = whole[trial.trial_id]
+        assert seen[0][0]  # the observers had the profiled epoch's profile
+        for r, (_, wall_s, energy_j, metrics, checkpoint, size) in zip(
+                trial.results, seen, strict=True):
+            m = r.measurement
+            assert not m.profile.features and not m.counters and not m.op_mix
+            assert (m.wall_s, m.energy_j, r.metrics, r.checkpoint) == (
+                wall_s, energy_j, metrics, checkpoint)
+            assert len(pickle.dumps(r)) < 0.7 * size
+    configs = [r.system for t in s.trials.values() for r in t.results]
+    assert len({id(c) for c in configs}) == len(set(configs))
+    summary = s.summary()
+    assert summary.epochs_run == 6
+    assert summary.compute_s >= sum(w for seen in whole.values() for _, w, *_ in seen)

@@ -51,7 +51,7 @@ from pipetune.runner import EpochFailure, EpochResult, EpochTask
 from pipetune.schedulers import Decision, Scheduler, make_scheduler
 from pipetune.searchers import Searcher, TrialState, make_searcher
 from pipetune.spec import split_system_params
-from pipetune.system.config import MachineInfo
+from pipetune.system.config import MachineInfo, SystemConfig
 from pipetune.tuner import EpochObservation, GroundTruthMatch, Phase, SystemTuner, TuningDecision
 
 if TYPE_CHECKING:
@@ -120,6 +120,7 @@ class Study:
             max_cores=self._probe_core_limit(spec),
         )
         self.trials: dict[int, Trial] = {}
+        self._systems: dict[SystemConfig, SystemConfig] = {}
         self._queue: deque[EpochTask] = deque()
         self._in_flight = InFlight()
         self._searcher_exhausted = False
@@ -582,6 +583,7 @@ class Study:
     def _ended(self, backend: EpochBackend, event: StepEvent) -> StepEvent:
         backend.release(self.study_id, event.trial.trial_id)  # its checkpoints on storage
         self._emit(TrialEnded(event.trial))
+        event.trial.compact(self._systems)  # recorded: keep only what the end reads
         self._emit(Stepped(StudyView(self)))
         return event
 

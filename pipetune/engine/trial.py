@@ -7,9 +7,12 @@ tracking, reports and the benchmark read them.
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pipetune.profiler.profile import Profile
 from pipetune.states import Phase, TrialState
 
 if TYPE_CHECKING:
@@ -17,6 +20,10 @@ if TYPE_CHECKING:
     from pipetune.states import GroundTruthMatch
     from pipetune.system.config import SystemConfig
     from pipetune.tuner import EpochObservation, TuningDecision
+
+
+#: The profile an ended trial's epochs keep (see :meth:`Trial.compact`).
+_NO_PROFILE = Profile(features={}, sources={})
 
 
 @dataclass
@@ -53,10 +60,16 @@ class Trial:
 
     def tuner_history(self) -> list[EpochObservation]:
         """The observations the system tuner sees, numbered from its baseline."""
-        import dataclasses
-
         return [dataclasses.replace(o, epoch=o.epoch - self.baseline)
                 for o in self.history[self.baseline:]]
+
+    def compact(self, systems: dict[SystemConfig, SystemConfig]) -> None:
+        """Once the trial ended and its observers recorded it: keep of each epoch what the
+        study's reports and its result read at the end (times, metrics, config, phase,
+        checkpoint), not the profile, counters and operator mix its record already holds
+        (about 7 KB an epoch as unpickled from a worker, 2 KB after). ``systems`` maps a
+        config to the one instance the study keeps of it."""
+        self.results = [compact_result(r, systems) for r in self.results]
 
     @property
     def epochs_run(self) -> int:
@@ -80,6 +93,24 @@ class Trial:
         if self.remembered is not None:
             return self.remembered
         return self.results[-1].system if self.results else None
+
+
+def compact_result(result: EpochResult, systems: dict[SystemConfig, SystemConfig]
+                   ) -> EpochResult:
+    """``result`` without what only the trial's own record and decisions read (its
+    profile vector, counters, operator mix, the config as the worker applied it); the
+    strings it repeats from every other epoch shared (see :meth:`Trial.compact`)."""
+    m = result.measurement
+    measurement = dataclasses.replace(
+        m, op_mix={}, counters={}, profile=_NO_PROFILE,
+        energy_source=sys.intern(m.energy_source),
+        counters_source=sys.intern(m.counters_source))
+    return dataclasses.replace(
+        result, measurement=measurement, actual={},
+        system=systems.setdefault(result.system, result.system),
+        metrics={sys.intern(k): v for k, v in result.metrics.items()},
+        worker=sys.intern(result.worker), address=sys.intern(result.address),
+        torch_version=sys.intern(result.torch_version), graph=sys.intern(result.graph))
 
 
 @dataclass(frozen=True)
