@@ -216,3 +216,31 @@ def _release_rides_on_the_next_epoch(client, tmp_path, backend) -> None:
     assert sorted(held().values()) == [1, 1]  # trials 2 and 3 only, one per worker
     backend.release("rel")
     assert sum(held().values()) == 0
+
+
+def test_epochs_that_ended_together_are_fetched_together(cluster, tmp_path):
+    """Results of epochs that ended while the driver was busy are fetched in one
+    request, not one round trip after another (16-32 at once on many slots)."""
+    from distributed import Client
+
+    from pipetune.backends import DaskBackend
+
+    class CountingClient(Client):  # the outer edge: Dask's own client, its gathers seen
+        gathered: list[int] = []
+
+        def gather(self, futures, *args, **kwargs):
+            self.gathered.append(len(futures))
+            return super().gather(futures, *args, **kwargs)
+
+    with CountingClient(cluster, set_as_default=False) as client:
+        backend = DaskBackend(client)
+        for trial in (30, 31):
+            backend.submit(epoch_task(tmp_path, trial, 1, base_seconds=0.3))
+        deadline = time.monotonic() + 60
+        while len([f for f in client.futures.values() if f.status == "finished"]) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        results = [backend.wait().result for _ in range(2)]
+    assert sorted(r.trial_id for r in results) == [30, 31]
+    assert all(r.metrics for r in results)
+    assert CountingClient.gathered == [2]

@@ -22,12 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from pipetune.backends.base import EpochBackend, EpochOutcome, describe
 from pipetune.checkpoints import attempt_ref
-from pipetune.dask.on_scheduler import (
-    allowed_failures,
-    remove_worker,
-    silent_workers,
-    task_states,
-)
+from pipetune.dask.frozen import FrozenWorkers, epoch_ident
+from pipetune.dask.on_scheduler import allowed_failures, task_states
 from pipetune.dask.placement import Placement, placed_on
 from pipetune.dask.worker_side import (
     remote_epoch,
@@ -60,7 +56,7 @@ class _Sent:
     sent: float
 
 
-class DaskBackend(EpochBackend):
+class DaskBackend(FrozenWorkers, EpochBackend):
     """Submits epochs to ``client``'s cluster, each claiming ``resources={"cores": n}``.
 
     The driver places every epoch itself, and sends it only to a worker with a free
@@ -94,11 +90,6 @@ class DaskBackend(EpochBackend):
     POLL_S = 0.1
     #: How long the driver waits for a cluster with no worker at all.
     NO_WORKER_S = 120.0
-    #: Seconds without a heartbeat after which a worker running an epoch is frozen.
-    FROZEN_S = 20.0
-    #: How often the driver asks the scheduler when each busy worker was last heard.
-    FROZEN_CHECK_S = 1.0
-
     def __init__(self, client: Client, retries: int | None = None):
         self.client = client
         #: Resends of an epoch whose worker froze: Dask never retries those (the
@@ -171,9 +162,27 @@ class DaskBackend(EpochBackend):
         future.add_done_callback(self._done.put)
 
     # -- outcomes --------------------------------------------------------------------
-    def _settle(self, future: Future) -> EpochOutcome | None:
-        """The outcome of a finished future, or None when it is not one (any more) or
-        its epoch was sent again after its worker died."""
+    def _fetch(self, futures: list[Future]) -> dict[str, Any]:
+        """The results of those of ``futures`` that finished, fetched together (Dask
+        gathers them in one request a worker) when there are several: 16-32 epochs
+        ending at once were fetched one round trip after another, each next epoch sent
+        only after its own. Empty when there is one, or when a fetch failed: each
+        future is then settled on its own, its error with it."""
+        with self._lock:  # not one already settled (a future can be queued twice)
+            finished = list({f.key: f for f in futures
+                             if f.status == "finished" and f.key in self._sent}.values())
+        if len(finished) < 2:
+            return {}
+        try:
+            return dict(zip((f.key for f in finished), self.client.gather(finished),
+                            strict=True))
+        except Exception:  # noqa: BLE001 - a worker lost meanwhile: settled one by one
+            return {}
+
+    def _settle(self, future: Future, fetched: dict[str, Any]) -> EpochOutcome | None:
+        """The outcome of a finished future (its result from ``fetched`` when there),
+        or None when it is not one (any more) or its epoch was sent again after its
+        worker died."""
         from distributed.scheduler import KilledWorker
 
         with self._lock:
@@ -183,20 +192,20 @@ class DaskBackend(EpochBackend):
             task = sent.task
             self.placer.unpin(sent.worker, task.cpus)
         try:
-            result = future.result()
+            result = fetched[future.key] if future.key in fetched else future.result()
         except BaseException as exc:  # noqa: BLE001 - KilledWorker, CancelledError, ...
             if isinstance(exc, KeyboardInterrupt | SystemExit):
                 raise
             with self._lock:
                 if isinstance(exc, KilledWorker):
                     self.placer.stale()  # the dead worker must not be chosen
-                    ident = _ident(task)
+                    ident = epoch_ident(task)
                     self._deaths[ident] += 1
                     self.placer.home.pop((task.study_id, task.trial_id), None)
                     if self._deaths[ident] <= self.retries:
                         self._again(task)
                         return None
-            return EpochOutcome(task, error=self._why(exc, self._deaths[_ident(task)]))
+            return EpochOutcome(task, error=self._why(exc, self._deaths[epoch_ident(task)]))
         finally:
             # Let go of the result on the cluster at once: a future still held when its
             # worker dies would have Dask run the finished epoch again elsewhere.
@@ -215,79 +224,10 @@ class DaskBackend(EpochBackend):
     def _again(self, task: EpochTask) -> None:
         """Queue ``task`` first, to be sent again after its worker died or froze, with a
         checkpoint reference of its own (the lost worker may still write the first)."""
-        deaths = self._deaths[_ident(task)]
+        deaths = self._deaths[epoch_ident(task)]
         self.resent.append((task.trial_id, task.epoch))
         self._queue.appendleft(dataclasses.replace(
             task, cpus=(), checkpoint_out=attempt_ref(task.checkpoint_out, deaths + 1)))
-
-    def _find_frozen(self) -> None:
-        """Retire every worker running an epoch that has not sent a heartbeat for
-        :attr:`FROZEN_S` (asked of the scheduler at most every :attr:`FROZEN_CHECK_S`)."""
-        now = time.monotonic()
-        if now - self._frozen_checked < self.FROZEN_CHECK_S:
-            return
-        self._frozen_checked = now
-        with self._lock:  # a finished epoch waiting to be settled is not lost
-            busy = {s.worker for s in self._sent.values()
-                    if s.worker and not s.future.done()} - self.placer.retiring
-        if not busy:
-            return
-        silent = self.client.run_on_scheduler(silent_workers, workers=sorted(busy),
-                                              frozen_s=self.FROZEN_S)
-        for worker, seconds in sorted(silent.items()):
-            self._retire(worker, seconds)
-
-    def _retire(self, worker: str, silent_s: float) -> None:
-        """Take ``worker`` out of placement, send its epochs again (or fail them past
-        their retries), and restart it through its nanny in the background."""
-        with self._lock:
-            self.retired[worker] = time.time()
-            self.placer.retire(worker)
-            lost = [s for s in self._sent.values()
-                    if s.worker == worker and not s.future.done()]
-            for sent in lost:
-                del self._sent[sent.future.key]
-                self.placer.unpin(worker, sent.task.cpus)
-                ident = _ident(sent.task)
-                self._deaths[ident] += 1
-                if self._deaths[ident] <= self.freeze_retries:
-                    self._again(sent.task)
-                else:
-                    self._ready.append(EpochOutcome(sent.task, error=(
-                        f"worker froze: the worker running this epoch sent no heartbeat "
-                        f"for {silent_s:.0f} s, after {self._deaths[ident] - 1} other "
-                        "worker(s) that ran it were lost")))
-        logger.warning("worker %s sent no heartbeat for %.0f s while running %s: retiring "
-                       "it and sending its epochs again", worker, silent_s,
-                       ", ".join(s.task.name for s in lost) or "nothing")
-        if lost:
-            self.client.cancel([s.future for s in lost], force=True)
-        threading.Thread(target=self._restart_frozen, args=(worker,), daemon=True,
-                         name=f"pipetune-retire-{worker}").start()
-
-    def _restart_frozen(self, worker: str) -> None:
-        """Restart ``worker`` through its nanny (which kills a stopped process), or remove
-        it from the cluster when it has none (woken, it finds itself unknown to the
-        scheduler and closes); off the driver's loop (seconds)."""
-        try:
-            info = self.client.scheduler_info(n_workers=-1).get("workers", {})
-            if (info.get(worker) or {}).get("nanny"):
-                done = self.client.restart_workers([worker], timeout=60,
-                                                   raise_for_error=False)
-                fresh = done.get(worker) == "OK"
-            else:
-                if worker in info:
-                    self.client.run_on_scheduler(remove_worker, address=worker)
-                fresh = True
-        except Exception as exc:  # noqa: BLE001 - the cluster closing meanwhile
-            logger.warning("could not retire frozen worker %s: %s", worker, describe(exc))
-            return
-        if fresh:
-            # Restarted, or gone: a worker at this address from now on is a new process
-            # (a nanny restarts it on the same address when its port is fixed), and a
-            # woken one that was removed closes itself.
-            with self._lock:
-                self.placer.back(worker)
 
     def _reroute(self) -> None:
         """Queue again every epoch the scheduler cannot place (``no-worker``: sent to a
@@ -356,7 +296,7 @@ class DaskBackend(EpochBackend):
         while True:
             with self._lock:
                 for outcome in list(self._ready):
-                    if want is None or _ident(outcome.task) == _ident(want):
+                    if want is None or epoch_ident(outcome.task) == epoch_ident(want):
                         self._ready.remove(outcome)
                         return outcome
             self._dispatch()
@@ -373,10 +313,18 @@ class DaskBackend(EpochBackend):
                 self._find_frozen()
                 self._reroute()
                 continue
-            outcome = self._settle(future)
-            if outcome is not None:
-                with self._lock:
-                    self._ready.append(outcome)
+            batch = [future]
+            while True:  # every other epoch that ended meanwhile, settled with it
+                try:
+                    batch.append(self._done.get_nowait())
+                except queue.Empty:
+                    break
+            fetched = self._fetch(batch)
+            for each in batch:
+                outcome = self._settle(each, fetched)
+                if outcome is not None:
+                    with self._lock:
+                        self._ready.append(outcome)
             self._time_out()
             self._find_frozen()
 
@@ -443,10 +391,6 @@ class DaskBackend(EpochBackend):
             remote_evaluate, task, checkpoint, pure=False,
             resources={"cores": task.system.cores}, **placed_on(home),
         ).result()
-
-
-def _ident(task: EpochTask) -> tuple[str, int, int]:
-    return task.study_id, task.trial_id, task.epoch
 
 
 class EpochFailed(RuntimeError):
