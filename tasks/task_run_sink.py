@@ -57,6 +57,7 @@ class TaskRunSink:
 
     RESEND_S = 30.0  # how far back a lost server may have dropped events it had taken
     BATCH = 500  # events per request
+    HOLD_RUNNING_S = 2.0  # a Running state waits this long for its task run's end
 
     def __init__(self, api_url: str, flow_run_id: str, catch_up_s: float | None = None):
         from prefect.client.orchestration import get_client
@@ -93,6 +94,10 @@ class TaskRunSink:
         # state's event carries the start time too, so a lookup, a decision (sent when
         # done) or an epoch that ended before the recorder's next pass is one event.
         self._unsent: dict[str, dict[str, Any]] = {}
+        # A Running state waits here HOLD_RUNNING_S before it is queued: a task run
+        # that ends by then (an epoch of a second or two) is one event, not two. At
+        # 32 epochs a second the Prefect server spent 10 ms of CPU an event.
+        self._held: dict[str, tuple[float, dict[str, Any]]] = {}
         self._pause_s = 0.0
         self._retry_at = 0.0
         self._unanswered: BaseException | None = None  # the last reason, while it lasts
@@ -119,8 +124,7 @@ class TaskRunSink:
             "start_time": _iso(at),
         }
         event = self._event(run_id, self._runs[run_id], at, "RUNNING", "Running", None, None)
-        self._unsent[run_id] = event
-        self._queued.append(event)
+        self._held[run_id] = (time.monotonic(), event)
 
     def finish(self, run_id: str, at: float, error: str | None = None,
                cancelled: bool = False, began: float | None = None) -> None:
@@ -147,6 +151,7 @@ class TaskRunSink:
                          "workload's build, a wait for a free slot)"
                          if waited >= WAIT_SAID_S else ""))
         event = self._event(run_id, run, at, *state, "RUNNING")
+        self._held.pop(run_id, None)  # the final state alone says it all
         running = self._unsent.pop(run_id, None)
         if running is not None:  # not sent yet: the final state alone says it all
             running["superseded"] = True
@@ -187,8 +192,21 @@ class TaskRunSink:
             },
         }
 
-    def _write_queued(self) -> bool:
-        """Send what is queued, in order, unless the API is in a pause; whether all is."""
+    def _release_held(self, hold_s: float) -> None:
+        """Queue the Running states held ``hold_s`` or longer, oldest first."""
+        now = time.monotonic()
+        while self._held:
+            run_id, (held_at, event) = next(iter(self._held.items()))
+            if now - held_at < hold_s:
+                return
+            del self._held[run_id]
+            self._unsent[run_id] = event
+            self._queued.append(event)
+
+    def _write_queued(self, hold_s: float | None = None) -> bool:
+        """Send what is queued, in order, unless the API is in a pause; whether all is.
+        Running states held less than ``hold_s`` (default :attr:`HOLD_RUNNING_S`) wait."""
+        self._release_held(self.HOLD_RUNNING_S if hold_s is None else hold_s)
         if self._queued and time.monotonic() < self._retry_at:
             return False
         while self._queued:
@@ -274,7 +292,7 @@ class TaskRunSink:
         try:
             self._retry_at = 0.0  # the end: no pause left to wait out, one try a second
             while True:
-                written = self._write_queued()
+                written = self._write_queued(hold_s=0.0)
                 if written and self.trust_taken and self._unanswered is None:
                     return
                 if written:

@@ -337,3 +337,47 @@ def test_a_corrupt_ground_truth_stops_the_study_before_it_records(cluster, store
     experiment = client.get_experiment_by_name("pipetune")
     assert experiment is None or client.search_runs([experiment.experiment_id]) == []
     assert not (tmp_path / "ck").exists()
+
+
+def test_a_task_run_that_ends_soon_is_one_state_and_a_long_one_shows_running(
+        prefect_api_url):
+    """The recorder holds a task run's Running state HOLD_RUNNING_S before sending it:
+    an epoch of a second is one event for the Prefect server (at 32 epochs a second it
+    spent 10 ms of CPU an event), a long one is Running in Prefect while it runs."""
+    import uuid
+
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+
+    from tasks.task_run_sink import TaskRunSink
+
+    @flow(name="hold-running")
+    def holder() -> None:
+        pass
+
+    with get_client(sync_client=True) as client:
+        flow_run = client.create_flow_run(holder)
+        sink = TaskRunSink(prefect_api_url, str(flow_run.id))
+        short, long = str(uuid.uuid4()), str(uuid.uuid4())
+        sink.start(short, "train-epoch", "trial-0-epoch-1", 0, time.time())
+        sink.start(long, "train-epoch", "trial-1-epoch-1", 1, time.time())
+        sink.idle()
+        sink.finish(short, time.time() + 0.5)
+        time.sleep(sink.HOLD_RUNNING_S + 0.2)
+        sink.idle()
+        deadline = time.monotonic() + 30
+        while True:  # the long one shows Running while it runs
+            try:
+                state = client.read_task_run(uuid.UUID(long)).state
+            except Exception:  # noqa: BLE001 - not stored yet
+                state = None
+            if state is not None and state.name == "Running":
+                break
+            assert time.monotonic() < deadline, state
+            time.sleep(0.2)
+        sink.finish(long, time.time())
+        sink.close()
+        states = {run: [s.name for s in sorted(client.read_task_run_states(uuid.UUID(run)),
+                                                key=lambda s: s.timestamp)]
+                  for run in (short, long)}
+    assert states == {short: ["Completed"], long: ["Running", "Completed"]}

@@ -39,6 +39,9 @@ logger = logging.getLogger(__name__)
 _HEADER = struct.Struct("!I")
 #: Seconds the recorder takes to finish what it was sent once its input closes.
 DRAIN_S = 10.0
+#: A sink's ``idle()`` runs at least this often (seconds), writes or not: what it holds
+#: back or retries (a spooled MLflow write, a task run's Running state) goes out then.
+IDLE_S = 0.5
 
 
 class SidecarError(RuntimeError):
@@ -97,7 +100,11 @@ class _Runner:
 
     def _loop(self) -> None:
         while True:
-            items = [self._queue.get()]
+            try:  # with nothing to do, each sink's idle() still runs every IDLE_S
+                items = [self._queue.get(timeout=IDLE_S)]
+            except queue.Empty:
+                self._idle()
+                continue
             while True:
                 try:
                     items.append(self._queue.get_nowait())
