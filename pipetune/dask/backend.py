@@ -120,38 +120,57 @@ class DaskBackend(FrozenWorkers, EpochBackend):
 
     # -- placement -------------------------------------------------------------------
     def _dispatch(self) -> None:
-        """Send every queued epoch that has a free worker now; refuse the impossible."""
+        """Send every queued epoch that has a free worker now; refuse the impossible.
+
+        The worker list is the one asked of the scheduler up to :attr:`Placement.
+        WORKERS_TTL_S` ago, asked again (at most every :attr:`POLL_S`) only when an
+        epoch finds no worker in it: with 32 workers, asking at every dispatch cost the
+        scheduler and the driver a listing of every worker ten times a second."""
         with self._lock:
             if not self._queue:
                 return
-            workers = self.placer.workers(fresh=self.placer.older_than(self.POLL_S))
-            if not workers:
-                self._no_worker_since = self._no_worker_since or time.monotonic()
-                if time.monotonic() - self._no_worker_since > self.NO_WORKER_S:
-                    while self._queue:
-                        self._ready.append(EpochOutcome(self._queue.popleft(), error=(
-                            f"no worker: the cluster has had no worker for "
-                            f"{self.NO_WORKER_S:.0f} s")))
-                return
-            self._no_worker_since = None
-            for task in list(self._queue):
-                resources = self.placer.resources(task, workers)
-                never = self.placer.never(task, workers, resources)
-                if never is not None:
-                    self._queue.remove(task)
-                    self._send(task, None, "refused", remote_refuse, *never)
-                    continue
-                worker, why = self.placer.choose(
-                    task, workers, resources, ((s.worker, s.task) for s in self._sent.values()))
-                if worker is None:
-                    continue
+            cached = not self.placer.older_than(self.POLL_S)
+            if self._place(self.placer.workers(), final=cached) and not cached:
+                self._place(self.placer.workers(fresh=True), final=True)
+
+    def _place(self, workers: dict[str, dict[str, float]], *, final: bool) -> bool:
+        """Send what ``workers`` can run now; whether an epoch found none. Refused (no
+        worker could ever run it) only on a ``final`` list, one just asked for."""
+        if not workers:
+            if not final:
+                return True
+            self._no_worker_since = self._no_worker_since or time.monotonic()
+            if time.monotonic() - self._no_worker_since > self.NO_WORKER_S:
+                while self._queue:
+                    self._ready.append(EpochOutcome(self._queue.popleft(), error=(
+                        f"no worker: the cluster has had no worker for "
+                        f"{self.NO_WORKER_S:.0f} s")))
+            return True
+        self._no_worker_since = None
+        unplaced = False
+        for task in list(self._queue):
+            resources = self.placer.resources(task, workers)
+            never = self.placer.never(task, workers, resources)
+            if never is not None and not final:
+                unplaced = True
+                continue
+            if never is not None:
                 self._queue.remove(task)
-                cpus = self.placer.pin(task, worker, workers)
-                release = tuple(self._unreleased.pop((worker, task.study_id), ()))
-                if cpus or release:
-                    task = dataclasses.replace(task, cpus=cpus or task.cpus, release=release)
-                self._send(task, worker, why, remote_epoch, task, resources=resources,
-                           **placed_on(worker))
+                self._send(task, None, "refused", remote_refuse, *never)
+                continue
+            worker, why = self.placer.choose(
+                task, workers, resources, ((s.worker, s.task) for s in self._sent.values()))
+            if worker is None:
+                unplaced = True
+                continue
+            self._queue.remove(task)
+            cpus = self.placer.pin(task, worker, workers)
+            release = tuple(self._unreleased.pop((worker, task.study_id), ()))
+            if cpus or release:
+                task = dataclasses.replace(task, cpus=cpus or task.cpus, release=release)
+            self._send(task, worker, why, remote_epoch, task, resources=resources,
+                       **placed_on(worker))
+        return unplaced
 
     def _send(self, task: EpochTask, worker: str | None, why: str, fn: Any, *args: Any,
               **options: Any) -> None:
