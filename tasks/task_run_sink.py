@@ -41,7 +41,8 @@ class TaskRunSink:
     Prefect 3: as a ``prefect.task-run.<State>`` event, which the server's task-run
     recorder turns into the task run and its state. The events queued since the last
     write go in one ``POST /api/events`` (not two orchestrated API calls per task run):
-    one request per recorder pass, whatever the study's pace.
+    one request per recorder pass, whatever the study's pace. A Running state is held
+    :attr:`HOLD_RUNNING_S` first: a task run that ends by then is one event.
 
     The Prefect API may stop answering mid-study (its server killed, restarting, its
     network gone): training goes on, so nothing here raises for that. Events are
@@ -161,6 +162,11 @@ class TaskRunSink:
 
     def idle(self) -> None:
         self._write_queued()
+
+    def drain(self) -> None:
+        """Send everything, the Running states held back too: the recorder stops (its
+        parent died) without closing this sink."""
+        self._write_queued(hold_s=0.0)
 
     def _event(self, run_id: str, run: dict[str, Any], at: float, kind: str, name: str,
                message: str | None, before: str | None) -> dict[str, Any]:

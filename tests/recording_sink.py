@@ -1,9 +1,11 @@
 """A sink for the sidecar tests: appends what it is sent to a file, one line per call,
-buffering lines until the host is idle; ``fail`` raises."""
+buffering lines until the host is idle; ``fail`` raises; ``hold`` keeps a line back
+until its time has come at an idle call, or until ``drain``."""
 
 from __future__ import annotations
 
 import os
+import time
 
 
 class FileSink:
@@ -11,6 +13,7 @@ class FileSink:
         self.path = path
         self.buffer: list[str] = []
         self.flushes = 0
+        self.held: list[tuple[float, str]] = []
 
     def append(self, line: str) -> None:
         self.buffer.append(line)
@@ -26,7 +29,18 @@ class FileSink:
         with open(self.path) as f:
             return f.read().splitlines()
 
+    def hold(self, line: str, seconds: float) -> None:
+        self.held.append((time.monotonic() + seconds, line))
+
+    def drain(self) -> None:
+        self.buffer += [line for _, line in self.held]
+        self.held.clear()
+        self.idle()
+
     def idle(self) -> None:
+        due = [line for at, line in self.held if at <= time.monotonic()]
+        self.held = [(at, line) for at, line in self.held if at > time.monotonic()]
+        self.buffer += due
         if self.buffer:
             with open(self.path, "a") as f:
                 f.write("".join(f"{line}\n" for line in self.buffer))

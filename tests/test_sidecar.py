@@ -95,6 +95,36 @@ def test_what_was_sent_is_written_when_the_caller_is_killed(tmp_path):
     assert out.read_text().splitlines() == [f"line {i}" for i in range(2000)]
 
 
+def test_a_sink_idles_with_nothing_sent_and_drains_when_its_caller_is_killed(tmp_path):
+    """What a sink holds back goes out at an idle call with nothing sent meanwhile (a
+    task run's Running state, held for its end), and all of it when the host stops
+    with the sink still attached (its caller killed)."""
+    out = tmp_path / "lines.txt"
+    script = textwrap.dedent(f"""
+        import os, signal, sys, time
+        sys.path.insert(0, {str(TESTS_DIR)!r})
+        from pipetune.sidecar import ProcessHost
+        host = ProcessHost()
+        sink = host.attach("recording_sink:FileSink", path={str(out)!r})
+        sink.call("pid", timeout=60)  # the child is up
+        sink.send("hold", "due in 0.5 s", 0.5)
+        time.sleep(3)
+        print(open({str(out)!r}).read().splitlines(), flush=True)
+        sink.send("hold", "due in an hour", 3600.0)
+        while not host._queue.empty():  # handed to the pipe
+            pass
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    assert proc.stdout.strip() == "['due in 0.5 s']"  # written with nothing sent after it
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and out.read_text().count("\n") < 2:
+        time.sleep(0.1)
+    assert out.read_text().splitlines() == ["due in 0.5 s", "due in an hour"]
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

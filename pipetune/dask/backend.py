@@ -90,6 +90,7 @@ class DaskBackend(FrozenWorkers, EpochBackend):
     POLL_S = 0.1
     #: How long the driver waits for a cluster with no worker at all.
     NO_WORKER_S = 120.0
+
     def __init__(self, client: Client, retries: int | None = None):
         self.client = client
         #: Resends of an epoch whose worker froze: Dask never retries those (the
@@ -129,8 +130,9 @@ class DaskBackend(FrozenWorkers, EpochBackend):
         with self._lock:
             if not self._queue:
                 return
-            cached = not self.placer.older_than(self.POLL_S)
-            if self._place(self.placer.workers(), final=cached) and not cached:
+            workers = self.placer.workers()
+            fresh = not self.placer.older_than(self.POLL_S)
+            if self._place(workers, final=fresh) and not fresh:
                 self._place(self.placer.workers(fresh=True), final=True)
 
     def _place(self, workers: dict[str, dict[str, float]], *, final: bool) -> bool:

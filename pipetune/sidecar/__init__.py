@@ -12,7 +12,9 @@ time, by a host:
   threads of the study process added 70-100 ms to every epoch's round trip.
 
 A sink may buffer: after the host has drained what was queued it calls the sink's
-``idle()``, so writes sent in a burst go out together. A sink's exception is kept (the
+``idle()`` (and every :data:`IDLE_S` with nothing queued), so writes sent in a burst go
+out together; a sink still attached when the host stops gets ``drain()`` if it has one,
+else ``idle()``. A sink's exception is kept (the
 first; later ones are counted) and raised, in the caller, by the next :meth:`Channel.call`
 or :meth:`Channel.close`. When the parent dies, the child writes what it was sent
 before it exits: a SIGKILLed study keeps every record it had handed over.
@@ -89,9 +91,9 @@ class _Runner:
             error.add_note(f"({more} more call(s) of {key} failed after this one)")
         return error
 
-    def _idle(self) -> None:
+    def _idle(self, final: bool = False) -> None:
         for key, sink in list(self._sinks.items()):
-            idle = getattr(sink, "idle", None)
+            idle = (final and getattr(sink, "drain", None)) or getattr(sink, "idle", None)
             if idle is not None:
                 try:
                     idle()
@@ -111,8 +113,8 @@ class _Runner:
                 except queue.Empty:
                     break
             for item in items:
-                if item[0] == "stop":
-                    self._idle()
+                if item[0] == "stop":  # unclosed sinks send all they hold back, now
+                    self._idle(final=True)
                     if item[1] is not None:
                         item[1](None, None)
                     return
