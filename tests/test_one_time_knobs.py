@@ -385,8 +385,15 @@ def test_a_known_job_whose_first_epoch_does_not_confirm_starts_over_from_the_def
     probe = Study(spec, study_id="k", checkpoints=CheckpointStore(tmp_path / "k"),
                   machine=MACHINE)
     key = probe.job_key(Trial(trial_id=0, params={"lr": 0.05}, seed=0))
-    seeded = run_job(tmp_path / "a", channels_last_job("seed"), GroundTruth(tmp_path / "x.json"))
-    profile = seeded.trials[0].results[0].measurement.profile
+    seeded = Study(JobSpec.from_dict(channels_last_job("seed"), machine=MACHINE),
+                   study_id="seed", checkpoints=CheckpointStore(tmp_path / "a"),
+                   ground_truth=GroundTruth(tmp_path / "x.json"), core_budget=1,
+                   machine=MACHINE)
+    profiles = []  # as the study's observers see it (an ended trial keeps no profile)
+    seeded.observe(lambda e: profiles.append(e.result.measurement.profile)
+                   if e.name == "epoch_finished" and e.result.epoch == 1 else None)
+    run_study_locally(seeded)
+    profile = profiles[0]
     cl = DEFAULT.replace(channels_last=True)
     gt.remember(profile, 32, "time", cl, 1e-4, job_key=key, graph="another-graph")
     study = Study(spec, study_id="graph", checkpoints=CheckpointStore(tmp_path / "ck"),
